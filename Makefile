@@ -1,0 +1,43 @@
+# branch-settlement: every entry point a developer or CI needs.
+# `make demo` and `make test` work from a fresh clone: they install what they need first.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+SHARED ?= $(abspath ../shared)
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test test-unit kafka-up kafka-down kafka-status bench-fold clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+demo: install
+	$(BIN)/settle replay $(SHARED)/examples/worked-example.jsonl
+
+test: install kafka-up
+	SHARED_DIR=$(SHARED) $(BIN)/pytest
+
+test-unit: install
+	SHARED_DIR=$(SHARED) $(BIN)/pytest -m unit
+
+kafka-up:
+	@bash deploy/kafka.sh up
+
+kafka-down:
+	@bash deploy/kafka.sh down
+
+kafka-status:
+	@bash deploy/kafka.sh status
+
+bench-fold: install
+	$(BIN)/python bench/fold.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
