@@ -1,0 +1,211 @@
+"""The accounting steps every event handler is built from. Each keeps SPEC §3's invariant:
+
+    available + outstanding + pending + awaiting_confirmation + lent + returned_to_pool + committed
+        == capacity + overdrawn
+
+by moving a quantity from one term to another (or, for an overrun, adding the same amount to both sides).
+Handlers validate first and call these only once the event is known to apply: these never reject.
+"""
+
+from __future__ import annotations
+
+from processors.context import EventContext
+from projections import model
+from projections.view import LedgerView
+
+
+def touch(ctx: EventContext, view: LedgerView, parent: dict, child: dict | None = None) -> None:
+    ctx.touched[parent["parent_id"]] = parent
+    view.put_parent(parent)
+    if child is not None:
+        view.put_child(child)
+
+
+def set_state(ctx: EventContext, view: LedgerView, parent: dict, child: dict, new_state: str, note: str) -> None:
+    """Move a child to `new_state`, keeping the parent's live-children count, with an audit record."""
+    old_state = child["state"]
+    was_live = old_state in model.LIVE_STATES
+    is_live = new_state in model.LIVE_STATES
+    if was_live and not is_live:
+        parent["live_children"] -= 1
+    elif is_live and not was_live:
+        parent["live_children"] += 1
+    child["state"] = new_state
+    ctx.audit(parent["parent_id"], child, old_state, new_state, note)
+    touch(ctx, view, parent, child)
+
+
+def commit_usage(ctx: EventContext, view: LedgerView, parent: dict, child: dict, delta: dict[str, int]) -> None:
+    """Commit confirmed usage `delta` of a child. Within the reservation it comes from where the child holds
+    its remainder; beyond it (an overrun, SPEC §6) from the parent's `available`, and past that it is
+    `overdrawn`. A settled child holds nothing, so all of an adjustment's usage is drawn from the parent.
+    """
+    term = model.holding_term(child["state"])
+    dims = parent["dimensions"]
+    consumed = child["consumed"]
+    for dim in sorted(delta):
+        quantity = delta[dim]
+        if quantity <= 0:
+            continue
+        balance = dims[dim]
+        within = min(quantity, model.remainder(child, dim)) if term else 0
+        excess = quantity - within
+        if within:
+            balance[term] -= within
+        balance["committed"] += quantity
+        note = "usage committed"
+        if excess:
+            drawn = min(excess, balance["available"])
+            balance["available"] -= drawn
+            balance["overdrawn"] += excess - drawn
+            if excess - drawn:
+                ctx.overdrawn = True
+                note = f"overrun of {excess}: {drawn} drawn from available, {excess - drawn} overdrawn"
+            else:
+                note = f"overrun of {excess} drawn from available"
+        consumed[dim] = consumed.get(dim, 0) + quantity
+        ctx.audit(parent["parent_id"], child, child["state"], child["state"], note, dim, quantity)
+    touch(ctx, view, parent, child)
+
+
+def destination(parent: dict) -> tuple[str, str]:
+    """Where released capacity goes now: back to the parent while it is open, else to the global pool."""
+    if parent["status"] == model.PARENT_OPEN:
+        return model.DESTINATION_PARENT, "available"
+    return model.DESTINATION_POOL, "returned_to_pool"
+
+
+def release_remainder(ctx: EventContext, view: LedgerView, parent: dict, child: dict, reason: str) -> bool:
+    """Return a child's unconsumed remainder: logical dimensions at once, physical ones to
+    `awaiting_confirmation` until the scheduler confirms them free. Returns whether anything was returned.
+    The caller moves the child to its settled state."""
+    term = model.holding_term(child["state"])
+    dims = parent["dimensions"]
+    returned = False
+    for dim in child["reserved"]:
+        quantity = model.remainder(child, dim)
+        if quantity <= 0:
+            continue
+        returned = True
+        balance = dims[dim]
+        balance[term] -= quantity
+        if balance["kind"] == model.PHYSICAL:
+            balance["awaiting_confirmation"] += quantity
+            child["awaiting"][dim] = quantity
+            ctx.audit(parent["parent_id"], child, child["state"], child["state"],
+                      f"{reason}: awaiting scheduler confirmation", dim, quantity)
+            continue
+        where, target = destination(parent)
+        balance[target] += quantity
+        ctx.release(parent, child, dim, quantity, where, reason)
+    touch(ctx, view, parent, child)
+    return returned
+
+
+def settle(ctx: EventContext, view: LedgerView, parent: dict, child: dict, total: dict[str, int] | None,
+           reason: str, note: str = "") -> None:
+    """The settlement step: commit confirmed usage up to `total` (the attempt's total; None = nothing
+    more than already committed), release the remainder, and mark the child committed or released.
+    `reason` is the release's reason code; `note` adds the reporter's words to the audit record."""
+    if total:
+        commit_usage(ctx, view, parent, child, usage_delta(ctx, parent, child, total))
+    returned = release_remainder(ctx, view, parent, child, reason)
+    set_state(ctx, view, parent, child, model.RELEASED if returned else model.COMMITTED,
+              f"{reason}: {note}" if note else reason)
+    finish_parent_if_done(ctx, view, parent)
+
+
+def usage_delta(ctx: EventContext, parent: dict, child: dict, total: dict[str, int]) -> dict[str, int]:
+    """The part of a reported total not yet committed. A total below what earlier deltas committed is
+    recorded, never used to reverse committed usage."""
+    delta = {}
+    for dim, quantity in total.items():
+        already = child["consumed"].get(dim, 0)
+        if quantity < already:
+            ctx.audit(parent["parent_id"], child, child["state"], child["state"],
+                      f"reported total {quantity} is below committed usage {already}: committed usage is "
+                      "never reversed", dim, quantity)
+        delta[dim] = quantity - already
+    return delta
+
+
+def hand_to_retry(ctx: EventContext, view: LedgerView, parent: dict, child: dict, total: dict[str, int],
+                  retry_attempt_id: str) -> None:
+    """Commit the failed attempt's usage and keep the remainder with the child for the retry attempt, in
+    one step: the capacity never passes through the parent, so no sibling can take it in between."""
+    commit_usage(ctx, view, parent, child, usage_delta(ctx, parent, child, total))
+    old_attempt = child["attempt_id"]
+    child["reserved"] = {dim: model.remainder(child, dim) for dim in child["reserved"]}
+    child["consumed"] = {dim: 0 for dim in child["reserved"]}
+    child["attempt_id"] = retry_attempt_id
+    child["lease_generation"] += 1
+    child["activated"] = False
+    child["lease_expires_at_ms"] = None
+    child["usage_report_ids"] = []
+    set_state(ctx, view, parent, child, model.RESERVED, f"remainder handed from attempt {old_attempt} to retry")
+
+
+def to_reconciliation(ctx: EventContext, view: LedgerView, parent: dict, child: dict, note: str, *,
+                      lease_expired: bool = False) -> None:
+    """Outcome unknown: the remainder moves to `pending` (never to `available`) until a late report or an
+    operator settles it, or the reconciliation timeout strands it. A lease expiry passes through
+    `expired` first, so the audit trail shows both steps."""
+    dims = parent["dimensions"]
+    for dim in child["reserved"]:
+        quantity = model.remainder(child, dim)
+        if quantity:
+            dims[dim]["outstanding"] -= quantity
+            dims[dim]["pending"] += quantity
+    deadline_ms = ctx.now_ms + parent["reconciliation_timeout_ms"]
+    child["reconcile_deadline_ms"] = deadline_ms
+    child["lease_expires_at_ms"] = None
+    view.add_timer(deadline_ms, model.TIMER_RECONCILIATION, parent["parent_id"], child["child_id"])
+    if lease_expired:
+        set_state(ctx, view, parent, child, model.EXPIRED, "lease expired: expired never means unused")
+    set_state(ctx, view, parent, child, model.RECONCILING, note)
+
+
+def fence_parent(ctx: EventContext, view: LedgerView, parent: dict, reason: str) -> None:
+    """The parent closed or expired: its unassigned balance and the remainders of children that were
+    never activated (the fence guarantees they never will be) go to the global pool now."""
+    for dim, balance in parent["dimensions"].items():
+        quantity = balance["available"]
+        if quantity:
+            balance["available"] = 0
+            balance["returned_to_pool"] += quantity
+            ctx.release(parent, None, dim, quantity, model.DESTINATION_POOL, reason)
+    for child_id in parent["children"]:
+        child = view.child(parent["parent_id"], child_id)
+        if child["state"] in model.LIVE_STATES and not child["activated"]:
+            release_remainder(ctx, view, parent, child, reason)
+            set_state(ctx, view, parent, child, model.RELEASED, f"{reason}: never activated, dispatch fenced")
+    touch(ctx, view, parent)
+
+
+def finish_parent_if_done(ctx: EventContext, view: LedgerView, parent: dict) -> None:
+    """A closing or expired parent with nothing outstanding, pending or awaiting confirmation is closed,
+    and its summary (`ParentSettled`) is emitted."""
+    if parent["status"] not in (model.PARENT_CLOSING, model.PARENT_EXPIRED) or parent["live_children"]:
+        return
+    for balance in parent["dimensions"].values():
+        if balance["outstanding"] or balance["pending"] or balance["awaiting_confirmation"]:
+            return
+    prior = parent["status"]
+    parent["status"] = model.PARENT_CLOSED
+    if parent["outcome"] is None:
+        parent["outcome"] = "expired"
+    ctx.audit(parent["parent_id"], None, prior, model.PARENT_CLOSED, "parent settled")
+    event = ctx.event
+    ctx.out.settled.append(
+        {
+            "parent_id": parent["parent_id"],
+            "outcome": parent["outcome"],
+            "dimensions": {dim: dict(balance) for dim, balance in parent["dimensions"].items()},
+            "idempotency_key": event["idempotency_key"],
+            "triggering_event_id": event["event_id"],
+            "input_partition": ctx.partition,
+            "input_offset": ctx.offset,
+            "ledger_time_ms": ctx.now_ms,
+        }
+    )
+    touch(ctx, view, parent)

@@ -1,0 +1,79 @@
+"""The event being applied, with its position, and the outputs it produces.
+
+The fold passes one `EventContext` through every step of applying an event, so an audit record or a
+release always names its triggering event, input offset and ledger time without reading any global.
+"""
+
+from __future__ import annotations
+
+from processors.outputs import Outputs
+
+
+class EventContext:
+    __slots__ = ("event", "partition", "offset", "now_ms", "out", "touched", "overdrawn")
+
+    def __init__(self, event: dict, partition: int, offset: int, now_ms: int, out: Outputs) -> None:
+        self.event = event
+        self.partition = partition
+        self.offset = offset
+        self.now_ms = now_ms
+        self.out = out
+        # Parents changed by this event: the invariant is checked on each once the event is applied.
+        self.touched: dict[str, dict] = {}
+        # Set when a settlement had to draw beyond the parent: the result is then `overdrawn`.
+        self.overdrawn = False
+
+    def audit(
+        self,
+        parent_id: str,
+        child: dict | None,
+        prior_state: str,
+        new_state: str,
+        note: str,
+        dimension: str | None = None,
+        quantity: int | None = None,
+    ) -> None:
+        event = self.event
+        self.out.audits.append(
+            {
+                "parent_id": parent_id,
+                "child_id": child["child_id"] if child else "",
+                "attempt_id": child["attempt_id"] if child else "",
+                "dimension": dimension,
+                "quantity": quantity,
+                "prior_state": prior_state,
+                "new_state": new_state,
+                "idempotency_key": event["idempotency_key"],
+                "lease_generation": child["lease_generation"] if child else 0,
+                "triggering_event_id": event["event_id"],
+                "event_type": event["type"],
+                "input_partition": self.partition,
+                "input_offset": self.offset,
+                "ledger_time_ms": self.now_ms,
+                "note": note,
+            }
+        )
+
+    def release(
+        self, parent: dict, child: dict | None, dimension: str, quantity: int, destination: str, reason: str
+    ) -> None:
+        event = self.event
+        child_id = child["child_id"] if child else ""
+        self.out.releases.append(
+            {
+                "release_key": f"{event['idempotency_key']}/{child_id or '-'}/{dimension}/{destination}",
+                "parent_id": parent["parent_id"],
+                "child_id": child_id,
+                "attempt_id": child["attempt_id"] if child else "",
+                "dimension": dimension,
+                "quantity": quantity,
+                "destination": destination,
+                "reason": reason,
+                "idempotency_key": event["idempotency_key"],
+                "triggering_event_id": event["event_id"],
+                "balance": dict(parent["dimensions"][dimension]),
+                "input_partition": self.partition,
+                "input_offset": self.offset,
+                "ledger_time_ms": self.now_ms,
+            }
+        )

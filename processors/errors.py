@@ -1,0 +1,34 @@
+"""The error tree. One root, few branches; each says what raises it and what the operator should do.
+
+Expected bad input is never an exception: it is a result code (processors/results.py) or a dead letter.
+"""
+
+from __future__ import annotations
+
+
+class SettlementError(Exception):
+    """Root of every error this project raises on purpose."""
+
+
+class InvariantViolation(SettlementError):
+    """The accounting invariant of SPEC §3 broke after an event: a bug in the fold, never bad input.
+
+    Raised by the fold after it applied an event. The processor stops the partition (other partitions go
+    on), leaves its last committed state untouched and reports loudly. Operator: keep the partition
+    stopped, keep the input, file the event offset and the message; never "repair" with a release.
+    """
+
+    def __init__(self, parent_id: str, dimension: str, detail: str, event_id: str) -> None:
+        self.parent_id = parent_id
+        self.dimension = dimension
+        self.event_id = event_id
+        super().__init__(f"invariant violated for parent {parent_id!r} dimension {dimension!r} "
+                         f"after event {event_id!r}: {detail}")
+
+
+class InputError(SettlementError):
+    """A record or line could not be decoded into an event. Becomes a dead letter, never stops anything."""
+
+
+class ConfigError(SettlementError):
+    """A setting is missing or invalid. Raised at start-up; the message names the setting to fix."""

@@ -1,0 +1,220 @@
+"""The fold: `Fold.apply(event, offset, out)` applies one event to the ledger and appends its outputs.
+
+Pure in the sense that matters: no I/O of its own (it reads and writes a LedgerView, which buffers), no
+clock (ledger time comes from Tick events), no randomness, and iteration orders are fixed, so the same
+events in the same order give the same ledger and the same outputs, byte for byte.
+
+Per event, in order:
+1. semantic validation (ids, quantities, TTLs, enumerations) -> `invalid_event`, nothing changes;
+2. idempotency: a stored result under the same key -> `duplicate` (same payload) or
+   `idempotency_conflict` (another payload), nothing changes;
+3. the handler decides (a rejection code, nothing changes) or applies;
+4. the accounting invariant is checked on every parent the event changed; a violation raises
+   InvariantViolation, which stops the partition;
+5. exactly one result is emitted; an applied event's result is stored under its idempotency key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from processors import results as r
+from processors.context import EventContext
+from processors.errors import InvariantViolation
+from processors.handlers import HANDLERS, Reject, fire_timer
+from processors.outputs import Outputs
+from projections import model
+from projections.view import LedgerView
+
+# Fields that describe a delivery, not the settlement: left out of the payload comparison (SPEC §10).
+DELIVERY_FIELDS = frozenset({"event_id", "occurred_at_ms"})
+
+ID_FIELDS = {
+    "ParentReserved": (),
+    "ChildReserved": ("child_id", "branch_id", "attempt_id"),
+    "ChildActivated": ("child_id", "attempt_id"),
+    "LeaseRenewed": ("child_id", "attempt_id"),
+    "UsageReported": ("child_id", "attempt_id", "usage_report_id"),
+    "ChildCompleted": ("child_id", "attempt_id"),
+    "ChildSkipped": ("child_id", "attempt_id"),
+    "CancelRequested": ("child_id", "attempt_id"),
+    "CancelAcknowledged": ("child_id", "attempt_id"),
+    "ChildFailed": ("child_id", "attempt_id"),
+    "SpeculativeWinner": ("branch_id", "winner_attempt_id"),
+    "ReservationTransferred": ("child_id", "from_attempt_id", "to_attempt_id"),
+    "ReconciliationResolved": ("child_id", "attempt_id"),
+    "UsageAdjustment": ("child_id", "attempt_id"),
+    "SchedulerReleaseConfirmed": ("child_id", "attempt_id", "dimension"),
+    "ParentClosed": (),
+    "Tick": (),
+}
+QUANTITY_FIELDS = ("quantities", "usage")
+TTL_FIELDS = ("lease_ttl_ms",)
+PARENT_OUTCOMES = frozenset({"succeeded", "failed", "cancelled"})
+RESOLUTIONS = frozenset({"late_report", "operator"})
+
+
+def payload_digest(event: dict) -> bytes:
+    payload = {k: v for k, v in event.items() if k not in DELIVERY_FIELDS}
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.blake2b(canonical.encode(), digest_size=16).digest()
+
+
+def _bad_id(value) -> bool:
+    return type(value) is not str or not value or "\x00" in value
+
+
+def _bad_quantities(quantities) -> str | None:
+    for dim, quantity in quantities.items():
+        if _bad_id(dim):
+            return f"dimension name {dim!r} is empty or contains NUL"
+        if type(quantity) is not int or quantity < 0:
+            return f"{dim}: quantity must be a non-negative integer, got {quantity!r}"
+    return None
+
+
+def validate(event: dict) -> str | None:
+    """What makes the event meaningless, or None. Types were checked by the codec; this checks values."""
+    etype = event["type"]
+    if etype not in ID_FIELDS:
+        return f"unknown event type {etype!r}"
+    if _bad_id(event["event_id"]) or _bad_id(event["idempotency_key"]):
+        return "event_id and idempotency_key must be non-empty and contain no NUL"
+    if etype == "Tick":
+        if event["parent_id"]:
+            return "a Tick belongs to a partition: parent_id must be empty"
+        return None if event["now_ms"] >= 0 else "now_ms must be >= 0"
+    if _bad_id(event["parent_id"]):
+        return "parent_id must be non-empty and contain no NUL"
+    for field in ID_FIELDS[etype]:
+        if _bad_id(event[field]):
+            return f"{field} must be non-empty and contain no NUL"
+    for field in QUANTITY_FIELDS:
+        quantities = event.get(field)
+        if quantities:
+            problem = _bad_quantities(quantities)
+            if problem:
+                return f"{field}: {problem}"
+    for field in TTL_FIELDS:
+        if field in event and event[field] <= 0:
+            return f"{field} must be > 0"
+    if event.get("lease_generation", 0) < 0:
+        return "lease_generation must be >= 0"
+    if etype == "ParentReserved":
+        return _validate_parent_reserved(event)
+    if etype == "ChildReserved" and not event["quantities"]:
+        return "quantities must name at least one dimension"
+    if etype == "ParentClosed" and event["outcome"] not in PARENT_OUTCOMES:
+        return f"outcome must be one of {sorted(PARENT_OUTCOMES)}"
+    if etype == "ReconciliationResolved" and event["resolution"] not in RESOLUTIONS:
+        return f"resolution must be one of {sorted(RESOLUTIONS)}"
+    return None
+
+
+def _validate_parent_reserved(event: dict) -> str | None:
+    capacity = event["capacity"]
+    if not capacity:
+        return "capacity must name at least one dimension"
+    problem = _bad_quantities({dim: spec["quantity"] for dim, spec in capacity.items()})
+    if problem:
+        return f"capacity: {problem}"
+    for dim, spec in capacity.items():
+        if spec["kind"] not in model.DIMENSION_KINDS:
+            return f"capacity.{dim}.kind must be logical or physical, got {spec['kind']!r}"
+    policy = event["policy"]
+    if policy["max_live_children"] < 1:
+        return "policy.max_live_children must be >= 1"
+    if policy["reconciliation_timeout_ms"] <= 0:
+        return "policy.reconciliation_timeout_ms must be > 0"
+    problem = _bad_quantities(policy["lending_limit"])
+    return f"policy.lending_limit: {problem}" if problem else None
+
+
+def check_invariant(parent: dict, event_id: str) -> None:
+    parent_id = parent["parent_id"]
+    if parent["live_children"] < 0:
+        raise InvariantViolation(parent_id, "*", f"live_children = {parent['live_children']}", event_id)
+    for dim, balance in parent["dimensions"].items():
+        for term in model.BALANCE_TERMS:
+            if balance[term] < 0:
+                raise InvariantViolation(parent_id, dim, f"{term} = {balance[term]} < 0", event_id)
+        held = sum(balance[term] for term in model.HELD_TERMS)
+        if held != balance["capacity"] + balance["overdrawn"]:
+            raise InvariantViolation(
+                parent_id, dim, f"terms add up to {held}, capacity + overdrawn = "
+                                f"{balance['capacity'] + balance['overdrawn']}: {balance}", event_id)
+
+
+class Fold:
+    """Applies events of one input partition to its ledger."""
+
+    def __init__(self, view: LedgerView, partition: int = 0) -> None:
+        self.view = view
+        self.partition = partition
+
+    def apply(self, event: dict, offset: int, out: Outputs) -> dict:
+        """Apply one event; append its outputs to `out`; return its result record."""
+        ctx = EventContext(event, self.partition, offset, self.view.meta["ledger_time_ms"], out)
+        problem = validate(event)
+        if problem is not None:
+            code, detail = r.INVALID_EVENT, problem
+        elif event["type"] == "Tick":
+            code, detail = self._tick(ctx)
+        else:
+            code, detail = self._apply_once(ctx)
+        for parent in ctx.touched.values():
+            check_invariant(parent, event["event_id"])
+        result = {
+            "event_id": event["event_id"],
+            "idempotency_key": event["idempotency_key"],
+            "parent_id": event["parent_id"],
+            "child_id": event.get("child_id"),
+            "event_type": event["type"],
+            "result": code,
+            "detail": detail,
+            "input_partition": self.partition,
+            "input_offset": offset,
+            "ledger_time_ms": ctx.now_ms,
+        }
+        out.results.append(result)
+        return result
+
+    def _apply_once(self, ctx: EventContext) -> tuple[str, str]:
+        event = ctx.event
+        parent_id, key = event["parent_id"], event["idempotency_key"]
+        digest = payload_digest(event)
+        stored = self.view.idempotency(parent_id, key)
+        if stored is not None:
+            if stored["payload_digest"] == digest:
+                return r.DUPLICATE, f"original event {stored['event_id']} had result {stored['result']}"
+            return r.IDEMPOTENCY_CONFLICT, (f"key {key!r} was used by event {stored['event_id']} "
+                                            f"({stored['event_type']}) with another payload")
+        try:
+            HANDLERS[event["type"]](ctx, self.view)
+        except Reject as rejection:
+            return rejection.code, rejection.detail
+        code = r.OVERDRAWN if ctx.overdrawn else r.OK
+        self.view.put_idempotency(parent_id, key, {
+            "payload_digest": digest,
+            "event_type": event["type"],
+            "result": code,
+            "event_id": event["event_id"],
+        })
+        return code, ""
+
+    def _tick(self, ctx: EventContext) -> tuple[str, str]:
+        event = ctx.event
+        meta = self.view.meta
+        now_ms = event["now_ms"]
+        if now_ms <= meta["ledger_time_ms"]:
+            if event["idempotency_key"] == meta["last_tick_key"]:
+                return r.DUPLICATE, "this tick was already applied"
+            return r.STALE_TICK, f"ledger time is already {meta['ledger_time_ms']}"
+        meta["ledger_time_ms"] = now_ms
+        meta["last_tick_key"] = event["idempotency_key"]
+        self.view.put_meta()
+        ctx.now_ms = now_ms
+        for timer in self.view.pop_due_timers(now_ms):
+            fire_timer(ctx, self.view, *timer)
+        return r.OK, ""

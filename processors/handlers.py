@@ -1,0 +1,479 @@
+"""One handler per event type (SPEC §4, §5, §8). Each first decides, raising `Reject` with a result code
+and changing nothing, then applies through the steps of processors/accounting.py."""
+
+from __future__ import annotations
+
+from processors import accounting as acc
+from processors import results as r
+from processors.context import EventContext
+from projections import model
+from projections.view import LedgerView
+
+SETTLING_REPORTS = ("UsageReported", "ChildCompleted", "CancelAcknowledged", "ChildFailed")
+
+
+class Reject(Exception):
+    """An expected rejection: becomes the event's result code. Raised before any change is made."""
+
+    def __init__(self, code: str, detail: str = "") -> None:
+        super().__init__(code, detail)
+        self.code = code
+        self.detail = detail
+
+
+# -- lookups shared by the handlers ---------------------------------------------------------------------
+
+
+def _parent(ctx: EventContext, view: LedgerView, *, open_only: bool = False) -> dict:
+    parent_id = ctx.event["parent_id"]
+    parent = view.parent(parent_id)
+    if parent is None:
+        raise Reject(r.UNKNOWN_PARENT, f"no parent {parent_id!r}")
+    if parent["status"] == model.PARENT_CLOSED:
+        raise Reject(r.PARENT_CLOSED, f"parent {parent_id!r} is closed")
+    if open_only and parent["status"] != model.PARENT_OPEN:
+        raise Reject(r.PARENT_CLOSED, f"parent {parent_id!r} is {parent['status']}: new work is fenced")
+    return parent
+
+
+def _child(view: LedgerView, parent: dict, child_id: str) -> dict:
+    child = view.child(parent["parent_id"], child_id)
+    if child is None:
+        raise Reject(r.UNKNOWN_CHILD, f"no child {child_id!r} of parent {parent['parent_id']!r}")
+    return child
+
+
+def _check_dimensions(parent: dict, quantities: dict | None, field: str) -> None:
+    unknown = sorted(set(quantities or ()) - set(parent["dimensions"]))
+    if unknown:
+        raise Reject(r.INVALID_EVENT, f"{field} names dimensions the parent does not have: {', '.join(unknown)}")
+
+
+def _escalate(ctx: EventContext, parent: dict, child: dict, code: str, detail: str) -> Reject:
+    """A report that may not settle the child: its usage is kept as an escalation (an audit record per
+    dimension), never committed silently."""
+    usage = ctx.event.get("usage") or {}
+    for dim in sorted(usage):
+        ctx.audit(parent["parent_id"], child, child["state"], child["state"],
+                  f"escalation ({code}): usage reported but not committed: {detail}", dim, usage[dim])
+    if not usage:
+        ctx.audit(parent["parent_id"], child, child["state"], child["state"], f"escalation ({code}): {detail}")
+    return Reject(code, detail)
+
+
+def _check_attempt(ctx: EventContext, parent: dict, child: dict, attempt_id: str) -> None:
+    if attempt_id != child["attempt_id"]:
+        raise _escalate(ctx, parent, child, r.SUPERSEDED_ATTEMPT,
+                        f"attempt {attempt_id!r} does not hold child {child['child_id']!r} "
+                        f"(held by {child['attempt_id']!r})")
+
+
+def _report_target(ctx: EventContext, view: LedgerView) -> tuple[dict, dict]:
+    """Common checks of a usage or outcome report from an executor; returns (parent, child)."""
+    event = ctx.event
+    parent = _parent(ctx, view)
+    child = _child(view, parent, event["child_id"])
+    _check_dimensions(parent, event.get("usage"), "usage")
+    _check_attempt(ctx, parent, child, event["attempt_id"])
+    state = child["state"]
+    if state in model.SETTLED_STATES:
+        raise Reject(r.ALREADY_SETTLED, f"child {child['child_id']!r} is {state}")
+    if state == model.STRANDED:
+        raise _escalate(ctx, parent, child, r.INVALID_TRANSITION,
+                        "child is stranded: only an operator's ReconciliationResolved settles it")
+    generation = event["lease_generation"]
+    if generation < child["lease_generation"]:
+        raise _escalate(ctx, parent, child, r.STALE_LEASE_GENERATION,
+                        f"lease generation {generation} superseded by {child['lease_generation']}")
+    if generation > child["lease_generation"] and state in model.PENDING_STATES:
+        raise _escalate(ctx, parent, child, r.INVALID_TRANSITION,
+                        f"lease generation {generation} is unknown to the ledger ({child['lease_generation']}) "
+                        "and the child is in reconciliation")
+    return parent, child
+
+
+def _adopt_report(ctx: EventContext, view: LedgerView, parent: dict, child: dict, proves_execution: bool) -> None:
+    """Take an out-of-order report at its word where it proves more than the state shows (SPEC §4)."""
+    generation = ctx.event["lease_generation"]
+    if generation > child["lease_generation"]:
+        child["lease_generation"] = generation
+        ctx.audit(parent["parent_id"], child, child["state"], child["state"], "implied lease renewal")
+    if proves_execution and not child["activated"] and child["state"] in model.LIVE_STATES:
+        child["activated"] = True
+        prior = child["state"]
+        new_state = model.ACTIVATED if prior == model.RESERVED else prior
+        acc.set_state(ctx, view, parent, child, new_state, "implied activation")
+
+
+def _known_usage(event: dict) -> dict | None:
+    """The usage total of a CancelAcknowledged or ChildFailed: None when uncertain."""
+    if event["usage_uncertain"]:
+        return None
+    return event["usage"] or {}
+
+
+def _positive(usage: dict | None) -> bool:
+    return any(q > 0 for q in (usage or {}).values())
+
+
+# -- parents --------------------------------------------------------------------------------------------
+
+
+def parent_reserved(ctx: EventContext, view: LedgerView) -> None:
+    event = ctx.event
+    parent_id = event["parent_id"]
+    existing = view.parent(parent_id)
+    if existing is not None:
+        if existing["status"] == model.PARENT_CLOSED:
+            raise Reject(r.PARENT_CLOSED, f"parent {parent_id!r} is closed")
+        raise Reject(r.INVALID_TRANSITION, f"parent {parent_id!r} is already reserved")
+    _check_dimensions({"dimensions": event["capacity"]}, event["policy"]["lending_limit"], "lending_limit")
+    lease_expires_at_ms = ctx.now_ms + event["lease_ttl_ms"]
+    parent = model.new_parent(parent_id, event["capacity"], lease_expires_at_ms, event["policy"])
+    view.add_timer(lease_expires_at_ms, model.TIMER_PARENT_LEASE, parent_id)
+    ctx.audit(parent_id, None, "", model.PARENT_OPEN, "parent reserved")
+    acc.touch(ctx, view, parent)
+
+
+def parent_closed(ctx: EventContext, view: LedgerView) -> None:
+    parent = _parent(ctx, view)
+    prior = parent["status"]
+    if prior == model.PARENT_CLOSING:
+        raise Reject(r.INVALID_TRANSITION, f"parent {parent['parent_id']!r} is already closing")
+    parent["outcome"] = ctx.event["outcome"]
+    if prior == model.PARENT_OPEN:
+        parent["status"] = model.PARENT_CLOSING
+        ctx.audit(parent["parent_id"], None, prior, model.PARENT_CLOSING, f"parent closed: {parent['outcome']}")
+        acc.fence_parent(ctx, view, parent, "parent_closed")
+    else:
+        ctx.audit(parent["parent_id"], None, prior, prior, f"close recorded on expired parent: {parent['outcome']}")
+    acc.touch(ctx, view, parent)
+    acc.finish_parent_if_done(ctx, view, parent)
+
+
+def expire_parent(ctx: EventContext, view: LedgerView, parent: dict) -> None:
+    parent["status"] = model.PARENT_EXPIRED
+    ctx.audit(parent["parent_id"], None, model.PARENT_OPEN, model.PARENT_EXPIRED, "parent lease expired")
+    acc.fence_parent(ctx, view, parent, "parent_expired")
+    acc.finish_parent_if_done(ctx, view, parent)
+
+
+# -- reservations and dispatch --------------------------------------------------------------------------
+
+
+def child_reserved(ctx: EventContext, view: LedgerView) -> None:
+    event = ctx.event
+    parent = _parent(ctx, view, open_only=True)
+    child_id = event["child_id"]
+    if view.child(parent["parent_id"], child_id) is not None:
+        raise Reject(r.INVALID_TRANSITION, f"child {child_id!r} is already reserved")
+    quantities = event["quantities"]
+    _check_dimensions(parent, quantities, "quantities")
+    if parent["live_children"] >= parent["max_live_children"]:
+        raise Reject(r.FANOUT_EXCEEDED, f"{parent['live_children']} live children, at most "
+                                        f"{parent['max_live_children']}")
+    dims = parent["dimensions"]
+    short = [f"{dim} {q} > available {dims[dim]['available']}" for dim, q in sorted(quantities.items())
+             if q > dims[dim]["available"]]
+    if short:
+        raise Reject(r.EXCEEDS_AVAILABLE, "; ".join(short))
+    for dim, quantity in quantities.items():
+        dims[dim]["available"] -= quantity
+        dims[dim]["outstanding"] += quantity
+    child = model.new_child(parent["parent_id"], child_id, event["branch_id"], event["attempt_id"], quantities)
+    parent["children"].append(child_id)
+    parent["live_children"] += 1
+    ctx.audit(parent["parent_id"], child, "", model.RESERVED, "child reserved")
+    acc.touch(ctx, view, parent, child)
+
+
+def child_activated(ctx: EventContext, view: LedgerView) -> None:
+    event = ctx.event
+    parent = _parent(ctx, view, open_only=True)
+    child = _child(view, parent, event["child_id"])
+    state = child["state"]
+    if state in model.SETTLED_STATES or state in model.PENDING_STATES:
+        raise Reject(r.DISPATCH_FENCED, f"child {child['child_id']!r} is {state}")
+    _check_attempt(ctx, parent, child, event["attempt_id"])
+    if state == model.CANCEL_REQUESTED and not child["activated"]:
+        raise Reject(r.DISPATCH_FENCED, "cancel was requested before activation")
+    if child["activated"]:
+        raise Reject(r.INVALID_TRANSITION, f"child {child['child_id']!r} is already activated")
+    if event["lease_generation"] < child["lease_generation"]:
+        raise Reject(r.STALE_LEASE_GENERATION,
+                     f"lease generation {event['lease_generation']} superseded by {child['lease_generation']}")
+    child["activated"] = True
+    child["lease_generation"] = event["lease_generation"]
+    _start_lease(ctx, view, parent, child, event["lease_ttl_ms"])
+    acc.set_state(ctx, view, parent, child, model.ACTIVATED, "dispatch confirmed")
+
+
+def _start_lease(ctx: EventContext, view: LedgerView, parent: dict, child: dict, lease_ttl_ms: int) -> None:
+    deadline_ms = ctx.now_ms + lease_ttl_ms
+    child["lease_expires_at_ms"] = deadline_ms
+    view.add_timer(deadline_ms, model.TIMER_CHILD_LEASE, parent["parent_id"], child["child_id"])
+
+
+def lease_renewed(ctx: EventContext, view: LedgerView) -> None:
+    event = ctx.event
+    parent = _parent(ctx, view)
+    child = _child(view, parent, event["child_id"])
+    _check_attempt(ctx, parent, child, event["attempt_id"])
+    state = child["state"]
+    if state in model.SETTLED_STATES:
+        raise Reject(r.ALREADY_SETTLED, f"child {child['child_id']!r} is {state}")
+    if state in model.PENDING_STATES:
+        raise Reject(r.INVALID_TRANSITION, f"the lease already ended: child is {state}")
+    if not child["activated"]:
+        raise Reject(r.INVALID_TRANSITION, "child was never activated: there is no lease to renew")
+    generation = event["lease_generation"]
+    if generation < child["lease_generation"]:
+        raise Reject(r.STALE_LEASE_GENERATION,
+                     f"lease generation {generation} superseded by {child['lease_generation']}")
+    note = "lease renewed" if generation == child["lease_generation"] else f"new lease generation {generation}"
+    child["lease_generation"] = generation
+    _start_lease(ctx, view, parent, child, event["lease_ttl_ms"])
+    ctx.audit(parent["parent_id"], child, state, state, note)
+    acc.touch(ctx, view, parent, child)
+
+
+def reservation_transferred(ctx: EventContext, view: LedgerView) -> None:
+    event = ctx.event
+    parent = _parent(ctx, view)
+    child = _child(view, parent, event["child_id"])
+    if child["state"] in model.SETTLED_STATES:
+        raise Reject(r.ALREADY_SETTLED, f"child {child['child_id']!r} is {child['state']}")
+    _check_attempt(ctx, parent, child, event["from_attempt_id"])
+    if child["state"] != model.RESERVED or child["activated"]:
+        raise Reject(r.INVALID_TRANSITION, f"only a never-activated reserved child can be transferred "
+                                           f"(child is {child['state']})")
+    child["attempt_id"] = event["to_attempt_id"]
+    ctx.audit(parent["parent_id"], child, model.RESERVED, model.RESERVED,
+              f"reservation transferred from attempt {event['from_attempt_id']}")
+    acc.touch(ctx, view, parent, child)
+
+
+# -- outcomes -------------------------------------------------------------------------------------------
+
+
+def usage_reported(ctx: EventContext, view: LedgerView) -> None:
+    event = ctx.event
+    parent, child = _report_target(ctx, view)
+    if event["usage_report_id"] in child["usage_report_ids"]:
+        raise Reject(r.DUPLICATE_USAGE_REPORT, f"usage report {event['usage_report_id']!r} was already counted")
+    _adopt_report(ctx, view, parent, child, proves_execution=True)
+    child["usage_report_ids"].append(event["usage_report_id"])
+    acc.commit_usage(ctx, view, parent, child, event["usage"])
+    if event["final"]:
+        acc.settle(ctx, view, parent, child, None, "final_usage")
+    elif child["state"] == model.ACTIVATED:
+        acc.set_state(ctx, view, parent, child, model.PARTIALLY_CONSUMED, "usage reported")
+
+
+def child_completed(ctx: EventContext, view: LedgerView) -> None:
+    parent, child = _report_target(ctx, view)
+    _adopt_report(ctx, view, parent, child, proves_execution=True)
+    acc.settle(ctx, view, parent, child, ctx.event["usage"], "completed")
+
+
+def _settle_outcome(ctx: EventContext, view: LedgerView, parent: dict, child: dict, usage: dict | None,
+                    reason: str, note: str = "") -> None:
+    """Known usage settles (or hands the remainder to a retry); unknown usage goes to reconciliation."""
+    event = ctx.event
+    if usage is None:
+        acc.to_reconciliation(ctx, view, parent, child, f"{reason}: usage uncertain {note}".rstrip())
+        return
+    _adopt_report(ctx, view, parent, child, proves_execution=_positive(usage))
+    retry_attempt_id = event.get("retry_attempt_id")
+    if retry_attempt_id and parent["status"] == model.PARENT_OPEN:
+        acc.hand_to_retry(ctx, view, parent, child, usage, retry_attempt_id)
+    else:
+        acc.settle(ctx, view, parent, child, usage, reason, note)
+
+
+def _check_outcome_shape(event: dict, parent: dict, child: dict) -> None:
+    if event["usage_uncertain"] and event["usage"] is not None:
+        raise Reject(r.INVALID_EVENT, "usage and usage_uncertain are exclusive")
+    if event["usage_uncertain"] and event.get("retry_attempt_id"):
+        raise Reject(r.INVALID_EVENT, "a retry can keep the capacity only when the usage is known")
+    if event["usage_uncertain"] and child["state"] in model.PENDING_STATES:
+        raise Reject(r.INVALID_TRANSITION, f"child is already in reconciliation ({child['state']})")
+    retry = event.get("retry_attempt_id")
+    if retry and retry == child["attempt_id"]:
+        raise Reject(r.INVALID_EVENT, "retry_attempt_id names the failing attempt itself")
+
+
+def cancel_requested(ctx: EventContext, view: LedgerView) -> None:
+    event = ctx.event
+    parent = _parent(ctx, view)
+    child = _child(view, parent, event["child_id"])
+    _check_attempt(ctx, parent, child, event["attempt_id"])
+    state = child["state"]
+    if state in model.SETTLED_STATES:
+        raise Reject(r.ALREADY_SETTLED, f"child {child['child_id']!r} is {state}")
+    if state in model.PENDING_STATES:
+        raise Reject(r.INVALID_TRANSITION, f"child is in reconciliation ({state}): nothing to cancel")
+    if state == model.CANCEL_REQUESTED:
+        ctx.audit(parent["parent_id"], child, state, state, f"cancel requested again: {event['reason']}")
+        acc.touch(ctx, view, parent, child)
+        return
+    acc.set_state(ctx, view, parent, child, model.CANCEL_REQUESTED, f"cancel requested: {event['reason']}")
+
+
+def cancel_acknowledged(ctx: EventContext, view: LedgerView) -> None:
+    event = ctx.event
+    parent, child = _report_target(ctx, view)
+    if not event["usage_uncertain"] and event["usage"] is None:
+        raise Reject(r.INVALID_EVENT, "a cancel acknowledgement needs usage or usage_uncertain")
+    _check_outcome_shape(event, parent, child)
+    _settle_outcome(ctx, view, parent, child, _known_usage(event), "cancel_acknowledged")
+
+
+def child_failed(ctx: EventContext, view: LedgerView) -> None:
+    event = ctx.event
+    parent, child = _report_target(ctx, view)
+    _check_outcome_shape(event, parent, child)
+    if event["activated"] and not event["usage_uncertain"] and event["usage"] is None:
+        raise Reject(r.INVALID_EVENT, "a failure after activation needs usage or usage_uncertain")
+    if not event["activated"] and child["activated"] and event["usage"] is None:
+        # The executor says it never started, but the ledger granted the dispatch: a lost worker does not
+        # prove that nothing was consumed.
+        if child["state"] in model.PENDING_STATES:
+            raise Reject(r.INVALID_TRANSITION, f"child is already in reconciliation ({child['state']})")
+        acc.to_reconciliation(ctx, view, parent, child,
+                              "failure reported as before activation, but the ledger shows an activation")
+        return
+    _settle_outcome(ctx, view, parent, child, _known_usage(event), "failed", event["reason"])
+
+
+def reconciliation_resolved(ctx: EventContext, view: LedgerView) -> None:
+    event = ctx.event
+    parent = _parent(ctx, view)
+    child = _child(view, parent, event["child_id"])
+    _check_dimensions(parent, event["usage"], "usage")
+    _check_attempt(ctx, parent, child, event["attempt_id"])
+    if child["state"] in model.SETTLED_STATES:
+        raise Reject(r.ALREADY_SETTLED, f"child {child['child_id']!r} is {child['state']}")
+    if child["state"] not in model.PENDING_STATES:
+        raise Reject(r.INVALID_TRANSITION, f"child is {child['state']}, not in reconciliation")
+    acc.settle(ctx, view, parent, child, event["usage"], "reconciliation_resolved", event["resolution"])
+
+
+def usage_adjustment(ctx: EventContext, view: LedgerView) -> None:
+    event = ctx.event
+    parent = _parent(ctx, view)
+    child = _child(view, parent, event["child_id"])
+    _check_dimensions(parent, event["usage"], "usage")
+    _check_attempt(ctx, parent, child, event["attempt_id"])
+    if child["state"] not in model.SETTLED_STATES:
+        raise Reject(r.INVALID_TRANSITION, f"child is {child['state']}: adjust only after settlement, "
+                                           "report usage before it")
+    acc.commit_usage(ctx, view, parent, child, event["usage"])
+
+
+def scheduler_release_confirmed(ctx: EventContext, view: LedgerView) -> None:
+    event = ctx.event
+    parent = _parent(ctx, view)
+    child = _child(view, parent, event["child_id"])
+    _check_attempt(ctx, parent, child, event["attempt_id"])
+    dim = event["dimension"]
+    quantity = child["awaiting"].get(dim)
+    if quantity is None:
+        raise Reject(r.INVALID_TRANSITION, f"nothing of {dim!r} awaits scheduler confirmation for this child")
+    del child["awaiting"][dim]
+    where, target = acc.destination(parent)
+    balance = parent["dimensions"][dim]
+    balance["awaiting_confirmation"] -= quantity
+    balance[target] += quantity
+    child["awaiting_destination"][dim] = where
+    ctx.release(parent, child, dim, quantity, where, "scheduler_confirmed")
+    acc.touch(ctx, view, parent, child)
+    acc.finish_parent_if_done(ctx, view, parent)
+
+
+def speculative_winner(ctx: EventContext, view: LedgerView) -> None:
+    event = ctx.event
+    parent = _parent(ctx, view)
+    branch_id = event["branch_id"]
+    winner_id = event["winner_attempt_id"]
+    branch = [view.child(parent["parent_id"], cid) for cid in parent["children"]]
+    branch = [c for c in branch if c["branch_id"] == branch_id]
+    if not any(c["attempt_id"] == winner_id for c in branch):
+        raise Reject(r.UNKNOWN_CHILD, f"no child of branch {branch_id!r} is held by attempt {winner_id!r}")
+    named = parent["winners"].get(branch_id)
+    if named is not None and named != winner_id:
+        raise Reject(r.INVALID_TRANSITION, f"branch {branch_id!r} already has winner {named!r}")
+    parent["winners"][branch_id] = winner_id
+    ctx.audit(parent["parent_id"], None, parent["status"], parent["status"],
+              f"speculative winner of branch {branch_id}: {winner_id}")
+    for loser in branch:
+        if loser["attempt_id"] == winner_id or loser["state"] not in model.LIVE_STATES:
+            continue
+        if not loser["activated"]:
+            # Never dispatched, and now fenced: nothing can have run, so all of it returns.
+            acc.release_remainder(ctx, view, parent, loser, "speculative_loser")
+            acc.set_state(ctx, view, parent, loser, model.RELEASED, "speculative loser, never activated")
+        elif loser["state"] != model.CANCEL_REQUESTED:
+            acc.set_state(ctx, view, parent, loser, model.CANCEL_REQUESTED, "speculative loser: asked to cancel")
+    acc.touch(ctx, view, parent)
+    acc.finish_parent_if_done(ctx, view, parent)
+
+
+def child_skipped(ctx: EventContext, view: LedgerView) -> None:
+    event = ctx.event
+    parent = _parent(ctx, view)
+    child = _child(view, parent, event["child_id"])
+    _check_attempt(ctx, parent, child, event["attempt_id"])
+    state = child["state"]
+    if state in model.SETTLED_STATES:
+        raise Reject(r.ALREADY_SETTLED, f"child {child['child_id']!r} is {state}")
+    if child["activated"] or state in model.PENDING_STATES:
+        raise Reject(r.INVALID_TRANSITION, "a skip is only valid before activation; report the outcome instead")
+    acc.release_remainder(ctx, view, parent, child, "skipped")
+    acc.set_state(ctx, view, parent, child, model.RELEASED, f"skipped: {event['reason']}")
+    acc.finish_parent_if_done(ctx, view, parent)
+
+
+# -- ledger time ----------------------------------------------------------------------------------------
+
+
+def fire_timer(ctx: EventContext, view: LedgerView, deadline_ms: int, kind: str, parent_id: str,
+               child_id: str) -> None:
+    """A tick passed a deadline. Timers are never cancelled, so first check the record still has it."""
+    parent = view.parent(parent_id)
+    if parent is None:
+        return
+    if kind == model.TIMER_PARENT_LEASE:
+        if parent["status"] == model.PARENT_OPEN and parent["lease_expires_at_ms"] == deadline_ms:
+            expire_parent(ctx, view, parent)
+        return
+    child = view.child(parent_id, child_id)
+    if child is None:
+        return
+    if kind == model.TIMER_CHILD_LEASE:
+        if child["state"] in model.LIVE_STATES and child["lease_expires_at_ms"] == deadline_ms:
+            acc.to_reconciliation(ctx, view, parent, child, "reconciling after lease expiry", lease_expired=True)
+    elif kind == model.TIMER_RECONCILIATION:
+        if child["state"] == model.RECONCILING and child["reconcile_deadline_ms"] == deadline_ms:
+            acc.set_state(ctx, view, parent, child, model.STRANDED,
+                          "reconciliation timed out: stranded, held in pending until an operator resolves it")
+
+
+HANDLERS = {
+    "ParentReserved": parent_reserved,
+    "ChildReserved": child_reserved,
+    "ChildActivated": child_activated,
+    "LeaseRenewed": lease_renewed,
+    "UsageReported": usage_reported,
+    "ChildCompleted": child_completed,
+    "ChildSkipped": child_skipped,
+    "CancelRequested": cancel_requested,
+    "CancelAcknowledged": cancel_acknowledged,
+    "ChildFailed": child_failed,
+    "SpeculativeWinner": speculative_winner,
+    "ReservationTransferred": reservation_transferred,
+    "ReconciliationResolved": reconciliation_resolved,
+    "UsageAdjustment": usage_adjustment,
+    "SchedulerReleaseConfirmed": scheduler_release_confirmed,
+    "ParentClosed": parent_closed,
+}

@@ -1,0 +1,44 @@
+"""Result codes (SPEC §10): exactly one per input event. Outcomes are data, not exceptions."""
+
+OK = "ok"
+DUPLICATE = "duplicate"
+IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+OVERDRAWN = "overdrawn"
+
+EXCEEDS_AVAILABLE = "exceeds_available"
+FANOUT_EXCEEDED = "fanout_exceeded"
+INVALID_TRANSITION = "invalid_transition"
+DISPATCH_FENCED = "dispatch_fenced"
+STALE_LEASE_GENERATION = "stale_lease_generation"
+SUPERSEDED_ATTEMPT = "superseded_attempt"
+UNKNOWN_PARENT = "unknown_parent"
+UNKNOWN_CHILD = "unknown_child"
+PARENT_CLOSED = "parent_closed"
+ALREADY_SETTLED = "already_settled"
+INVALID_EVENT = "invalid_event"
+# A usage report whose usage_report_id this child already counted, under another idempotency key.
+DUPLICATE_USAGE_REPORT = "duplicate_usage_report"
+# A tick that does not move ledger time forward.
+STALE_TICK = "stale_tick"
+
+# Results of applied events: stored under the idempotency key, so a redelivery gets `duplicate`.
+# Rejections change nothing and are not stored: the same key may be retried (e.g. a reservation that
+# exceeded `available` can succeed once siblings have released).
+APPLIED = frozenset({OK, OVERDRAWN})
+
+REJECTIONS = (
+    EXCEEDS_AVAILABLE,
+    FANOUT_EXCEEDED,
+    INVALID_TRANSITION,
+    DISPATCH_FENCED,
+    STALE_LEASE_GENERATION,
+    SUPERSEDED_ATTEMPT,
+    UNKNOWN_PARENT,
+    UNKNOWN_CHILD,
+    PARENT_CLOSED,
+    ALREADY_SETTLED,
+    INVALID_EVENT,
+    DUPLICATE_USAGE_REPORT,
+    STALE_TICK,
+)
+ALL = (OK, DUPLICATE, IDEMPOTENCY_CONFLICT, OVERDRAWN) + REJECTIONS

@@ -1,0 +1,140 @@
+"""The ledger's state records, as plain dicts shaped like their Avro schemas (schemas/Ledger*.avsc).
+
+Plain dicts keep the fold fast and make a record's changelog encoding a direct write of the same object.
+Every constructor here returns a record with every field present, so two ledgers built by the same events
+compare equal and encode to the same bytes.
+"""
+
+from __future__ import annotations
+
+# Parent status (SPEC §2): open -> closing -> closed, or open -> expired -> closed.
+PARENT_OPEN = "open"
+PARENT_CLOSING = "closing"
+PARENT_EXPIRED = "expired"
+PARENT_CLOSED = "closed"
+PARENT_FENCED = frozenset({PARENT_CLOSING, PARENT_EXPIRED, PARENT_CLOSED})
+
+# Child states (SPEC §5).
+RESERVED = "reserved"
+ACTIVATED = "activated"
+PARTIALLY_CONSUMED = "partially_consumed"
+CANCEL_REQUESTED = "cancel_requested"
+EXPIRED = "expired"
+RECONCILING = "reconciling"
+STRANDED = "stranded"
+COMMITTED = "committed"
+RELEASED = "released"
+
+# Where a child's unconsumed remainder is counted: live children in `outstanding`, children in
+# reconciliation in `pending`; settled children hold nothing.
+LIVE_STATES = frozenset({RESERVED, ACTIVATED, PARTIALLY_CONSUMED, CANCEL_REQUESTED})
+PENDING_STATES = frozenset({EXPIRED, RECONCILING, STRANDED})
+SETTLED_STATES = frozenset({COMMITTED, RELEASED})
+
+LOGICAL = "logical"
+PHYSICAL = "physical"
+DIMENSION_KINDS = frozenset({LOGICAL, PHYSICAL})
+
+# The balance terms of SPEC §3, in the order the ledger JSON prints them.
+BALANCE_TERMS = (
+    "capacity",
+    "available",
+    "outstanding",
+    "pending",
+    "awaiting_confirmation",
+    "lent",
+    "returned_to_pool",
+    "committed",
+    "overdrawn",
+)
+# The left-hand side of the invariant: these add up to capacity + overdrawn.
+HELD_TERMS = (
+    "available",
+    "outstanding",
+    "pending",
+    "awaiting_confirmation",
+    "lent",
+    "returned_to_pool",
+    "committed",
+)
+
+DESTINATION_PARENT = "parent"
+DESTINATION_POOL = "global_pool"
+
+# Timer kinds: what a tick passing the deadline does.
+TIMER_CHILD_LEASE = "child_lease"
+TIMER_RECONCILIATION = "reconciliation"
+TIMER_PARENT_LEASE = "parent_lease"
+
+
+def new_balance(kind: str, capacity: int) -> dict:
+    return {
+        "kind": kind,
+        "capacity": capacity,
+        "available": capacity,
+        "outstanding": 0,
+        "pending": 0,
+        "awaiting_confirmation": 0,
+        "lent": 0,
+        "returned_to_pool": 0,
+        "committed": 0,
+        "overdrawn": 0,
+    }
+
+
+def new_parent(parent_id: str, capacity: dict, lease_expires_at_ms: int, policy: dict) -> dict:
+    return {
+        "parent_id": parent_id,
+        "status": PARENT_OPEN,
+        "outcome": None,
+        "lease_expires_at_ms": lease_expires_at_ms,
+        "max_live_children": policy["max_live_children"],
+        "reconciliation_timeout_ms": policy["reconciliation_timeout_ms"],
+        "lending_limit": dict(sorted(policy["lending_limit"].items())),
+        "live_children": 0,
+        "children": [],
+        "winners": {},
+        "dimensions": {
+            dim: new_balance(spec["kind"], spec["quantity"]) for dim, spec in sorted(capacity.items())
+        },
+    }
+
+
+def new_child(parent_id: str, child_id: str, branch_id: str, attempt_id: str, quantities: dict) -> dict:
+    reserved = dict(sorted(quantities.items()))
+    return {
+        "parent_id": parent_id,
+        "child_id": child_id,
+        "branch_id": branch_id,
+        "attempt_id": attempt_id,
+        "state": RESERVED,
+        "activated": False,
+        "lease_generation": 0,
+        "lease_expires_at_ms": None,
+        "reconcile_deadline_ms": None,
+        "reserved": reserved,
+        "consumed": {dim: 0 for dim in reserved},
+        "awaiting": {},
+        "awaiting_destination": {},
+        "escalated": {},
+        "usage_report_ids": [],
+    }
+
+
+def remainder(child: dict, dim: str) -> int:
+    """Reserved but not consumed: what the child still holds of `dim` (never negative)."""
+    left = child["reserved"].get(dim, 0) - child["consumed"].get(dim, 0)
+    return left if left > 0 else 0
+
+
+def holding_term(state: str) -> str | None:
+    """The balance term in which a child in `state` holds its remainder."""
+    if state in LIVE_STATES:
+        return "outstanding"
+    if state in PENDING_STATES:
+        return "pending"
+    return None
+
+
+def new_meta() -> dict:
+    return {"ledger_time_ms": 0, "last_tick_key": None}

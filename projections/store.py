@@ -1,0 +1,120 @@
+"""The projection store: a small byte-level interface with two implementations.
+
+The fold never talks to a store directly; it works on a `LedgerView` (projections/view.py) that reads
+through to the store and buffers changes. A store only has to do three things well:
+
+- `get(key)`: one value or None;
+- `scan(prefix)`: every (key, value) under a prefix, in key order;
+- `write(changes, changelog_offset)`: apply puts and deletes and record the changelog offset they bring the
+  projection up to, atomically (one RocksDB WriteBatch). State and offset never disagree.
+
+`MemoryStore` is the in-memory twin used by tests, replay and benchmarks; `RocksStore` is the production
+store. tests/test_store_contract.py runs one contract suite against both.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Iterator, Protocol
+
+from projections import keys
+
+Change = tuple[bytes, bytes | None]  # (key, value) or (key, None) for a delete
+
+NO_OFFSET = -1
+
+
+class Store(Protocol):
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def write(self, changes: Iterable[Change], changelog_offset: int) -> None: ...
+
+    def changelog_offset(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def _encode_offset(offset: int) -> bytes:
+    return b"%d" % offset
+
+
+def _decode_offset(raw: bytes | None) -> int:
+    return NO_OFFSET if raw is None else int(raw)
+
+
+class MemoryStore:
+    """A dict of bytes. Values are immutable bytes, so nothing the fold holds can alias stored state."""
+
+    def __init__(self) -> None:
+        self._data: dict[bytes, bytes] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._data.get(key)
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        for key in sorted(k for k in self._data if k.startswith(prefix)):
+            yield key, self._data[key]
+
+    def write(self, changes: Iterable[Change], changelog_offset: int) -> None:
+        staged = dict(self._data)  # all or nothing, like a WriteBatch
+        for key, value in changes:
+            if value is None:
+                staged.pop(key, None)
+            else:
+                staged[key] = value
+        staged[keys.CHANGELOG_OFFSET_KEY] = _encode_offset(changelog_offset)
+        self._data = staged
+
+    def changelog_offset(self) -> int:
+        return _decode_offset(self._data.get(keys.CHANGELOG_OFFSET_KEY))
+
+    def close(self) -> None:
+        pass
+
+
+class RocksStore:
+    """RocksDB through rocksdict, in raw (bytes) mode. One database directory per input partition."""
+
+    def __init__(self, path: str | os.PathLike, *, read_only: bool = False) -> None:
+        from rocksdict import AccessType, Options, Rdict
+
+        options = Options(raw_mode=True)
+        options.create_if_missing(not read_only)
+        self.path = os.fspath(path)
+        if not read_only:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        access = AccessType.read_only() if read_only else AccessType.read_write()
+        self._db = Rdict(self.path, options=options, access_type=access)
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._db.get(key)
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        it = self._db.iter()
+        it.seek(prefix)
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                break
+            yield key, it.value()
+            it.next()
+
+    def write(self, changes: Iterable[Change], changelog_offset: int) -> None:
+        from rocksdict import WriteBatch
+
+        batch = WriteBatch(raw_mode=True)
+        for key, value in changes:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        batch.put(keys.CHANGELOG_OFFSET_KEY, _encode_offset(changelog_offset))
+        self._db.write(batch)
+
+    def changelog_offset(self) -> int:
+        return _decode_offset(self._db.get(keys.CHANGELOG_OFFSET_KEY))
+
+    def close(self) -> None:
+        self._db.close()
