@@ -221,7 +221,11 @@ cmd_up() {
         -Dlog4j2.configurationFile="$DEPLOY_DIR/log4j2.properties" \
         -cp "$LIB_DIR/*" kafka.Kafka "$CONFIG_FILE" </dev/null >>"$LOG_FILE" 2>&1 &
     # Wait for the pid file: the background shell writes it before it execs java.
-    while [[ ! -s $PID_FILE ]]; do sleep 0.05; done
+    for _ in {1..100}; do
+        [[ -s $PID_FILE ]] && break
+        sleep 0.05
+    done
+    [[ -s $PID_FILE ]] || fail "the broker process did not start (see $LOG_FILE)."
     pid=$(cat "$PID_FILE")
     wait_until_healthy "$pid"
     say "Kafka $KAFKA_VERSION up on 127.0.0.1:$PORT (pid $pid, $((SECONDS - started_s))s)"
