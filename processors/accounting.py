@@ -30,6 +30,8 @@ def set_state(ctx: EventContext, view: LedgerView, parent: dict, child: dict, ne
         parent["live_children"] -= 1
     elif is_live and not was_live:
         parent["live_children"] += 1
+    if new_state in model.SETTLED_STATES and old_state not in model.SETTLED_STATES:
+        parent["open_children"] -= 1
     child["state"] = new_state
     ctx.audit(parent["parent_id"], child, old_state, new_state, note)
     touch(ctx, view, parent, child)
@@ -183,9 +185,10 @@ def fence_parent(ctx: EventContext, view: LedgerView, parent: dict, reason: str)
 
 
 def finish_parent_if_done(ctx: EventContext, view: LedgerView, parent: dict) -> None:
-    """A closing or expired parent with nothing outstanding, pending or awaiting confirmation is closed,
-    and its summary (`ParentSettled`) is emitted."""
-    if parent["status"] not in (model.PARENT_CLOSING, model.PARENT_EXPIRED) or parent["live_children"]:
+    """A closing or expired parent whose children are all settled (none live, none in reconciliation, even
+    one that holds nothing more) and with nothing awaiting confirmation is closed, and its summary
+    (`ParentSettled`) is emitted."""
+    if parent["status"] not in (model.PARENT_CLOSING, model.PARENT_EXPIRED) or parent["open_children"]:
         return
     for balance in parent["dimensions"].values():
         if balance["outstanding"] or balance["pending"] or balance["awaiting_confirmation"]:

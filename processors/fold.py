@@ -22,7 +22,7 @@ import json
 from processors import results as r
 from processors.context import EventContext
 from processors.errors import InvariantViolation
-from processors.handlers import HANDLERS, Reject, fire_timer
+from processors.handlers import HANDLERS, Reject, fire_timer, rebase_timers
 from processors.outputs import Outputs
 from projections import model
 from projections.view import LedgerView
@@ -133,8 +133,9 @@ def _validate_parent_reserved(event: dict) -> str | None:
 
 def check_invariant(parent: dict, event_id: str) -> None:
     parent_id = parent["parent_id"]
-    if parent["live_children"] < 0:
-        raise InvariantViolation(parent_id, "*", f"live_children = {parent['live_children']}", event_id)
+    if not 0 <= parent["live_children"] <= parent["open_children"]:
+        raise InvariantViolation(parent_id, "*", f"live_children = {parent['live_children']}, "
+                                                 f"open_children = {parent['open_children']}", event_id)
     for dim, balance in parent["dimensions"].items():
         for term in model.BALANCE_TERMS:
             if balance[term] < 0:
@@ -211,10 +212,13 @@ class Fold:
             if event["idempotency_key"] == meta["last_tick_key"]:
                 return r.DUPLICATE, "this tick was already applied"
             return r.STALE_TICK, f"ledger time is already {meta['ledger_time_ms']}"
+        first_tick = meta["last_tick_key"] is None
         meta["ledger_time_ms"] = now_ms
         meta["last_tick_key"] = event["idempotency_key"]
         self.view.put_meta()
         ctx.now_ms = now_ms
+        if first_tick:
+            rebase_timers(ctx, self.view, now_ms)
         for timer in self.view.pop_due_timers(now_ms):
             fire_timer(ctx, self.view, *timer)
         return r.OK, ""

@@ -183,6 +183,7 @@ def child_reserved(ctx: EventContext, view: LedgerView) -> None:
     child = model.new_child(parent["parent_id"], child_id, event["branch_id"], event["attempt_id"], quantities)
     parent["children"].append(child_id)
     parent["live_children"] += 1
+    parent["open_children"] += 1
     ctx.audit(parent["parent_id"], child, "", model.RESERVED, "child reserved")
     acc.touch(ctx, view, parent, child)
 
@@ -458,6 +459,23 @@ def fire_timer(ctx: EventContext, view: LedgerView, deadline_ms: int, kind: str,
             acc.set_state(ctx, view, parent, child, model.STRANDED,
                           "reconciliation timed out: stranded, held in pending until an operator resolves it")
 
+
+def rebase_timers(ctx: EventContext, view: LedgerView, now_ms: int) -> None:
+    """The partition's first tick. Leases granted before it were timed from ledger time 0, which is not a
+    time but the absence of one: they start now instead, so a parent reserved before the first tick does
+    not expire at it. Deterministic like any other step: replay rebases the same timers at the same tick."""
+    for deadline_ms, kind, parent_id, child_id in view.pop_due_timers(_FOREVER_MS):
+        record = view.parent(parent_id) if kind == model.TIMER_PARENT_LEASE else view.child(parent_id, child_id)
+        field = "reconcile_deadline_ms" if kind == model.TIMER_RECONCILIATION else "lease_expires_at_ms"
+        if record is None or record[field] != deadline_ms:
+            continue
+        record[field] = deadline_ms + now_ms
+        view.add_timer(deadline_ms + now_ms, kind, parent_id, child_id)
+        parent = view.parent(parent_id)
+        acc.touch(ctx, view, parent, None if kind == model.TIMER_PARENT_LEASE else record)
+
+
+_FOREVER_MS = 2**63 - 1
 
 HANDLERS = {
     "ParentReserved": parent_reserved,

@@ -92,6 +92,7 @@ def new_parent(parent_id: str, capacity: dict, lease_expires_at_ms: int, policy:
         "reconciliation_timeout_ms": policy["reconciliation_timeout_ms"],
         "lending_limit": dict(sorted(policy["lending_limit"].items())),
         "live_children": 0,
+        "open_children": 0,
         "children": [],
         "winners": {},
         "dimensions": {
