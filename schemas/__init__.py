@@ -1,0 +1,21 @@
+"""Avro schemas of branch settlement (`*.avsc`, older versions in `history/`) and their codec."""
+
+from schemas.codec import (
+    EVENT_TYPES,
+    LEDGER_TYPES,
+    OUTPUT_TYPES,
+    SCHEMA_DIR,
+    Codec,
+    default_codec,
+)
+from schemas.errors import CodecError
+
+__all__ = [
+    "EVENT_TYPES",
+    "LEDGER_TYPES",
+    "OUTPUT_TYPES",
+    "SCHEMA_DIR",
+    "Codec",
+    "CodecError",
+    "default_codec",
+]

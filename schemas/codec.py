@@ -1,0 +1,267 @@
+"""Avro wire format of branch settlement: single-object encoding on fastavro, and the canonical JSON form.
+
+Every record on a topic or in the changelog is written as the Avro single-object encoding:
+
+    C3 01 | 8-byte little-endian CRC-64-AVRO fingerprint of the writer schema's Parsing Canonical Form | body
+
+The reader looks the writer schema up by its fingerprint among every version it knows (the current
+`schemas/*.avsc` and the older ones in `schemas/history/`) and resolves the body into the *current* schema of the
+same name, so a record written before a field was added is read with that field's default. Any Avro library can
+produce and consume these bytes from the `.avsc` files alone.
+
+An event is a record of the `io.branchsettlement.events` namespace. Its canonical dict (SPEC section 12) is the
+record with `"type"` (the record's short name) first, then every field in schema order; optional fields absent
+from the input are present with their default (None for unions with null), so all events of a type have the same
+keys. Map entries are sorted by key when an event is normalized from JSON, so that equal events encode to equal
+bytes whatever the key order of their source.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
+from functools import cache
+from pathlib import Path
+from typing import IO, Any
+
+import fastavro
+from fastavro import schemaless_reader, schemaless_writer
+
+from schemas.errors import CodecError
+from schemas.event_json import EventShape, event_type_of
+from schemas.registry import SINGLE_OBJECT_MARKER, SchemaVersion, expand, load_registry, schema_fingerprint
+
+SCHEMA_DIR = Path(__file__).resolve().parent
+EVENTS_NAMESPACE = "io.branchsettlement.events"
+HEADER_SIZE = len(SINGLE_OBJECT_MARKER) + 8
+
+EVENT_TYPES = (
+    "ParentReserved",
+    "ChildReserved",
+    "ChildActivated",
+    "LeaseRenewed",
+    "UsageReported",
+    "ChildCompleted",
+    "ChildSkipped",
+    "CancelRequested",
+    "CancelAcknowledged",
+    "ChildFailed",
+    "SpeculativeWinner",
+    "ReservationTransferred",
+    "ReconciliationResolved",
+    "UsageAdjustment",
+    "SchedulerReleaseConfirmed",
+    "ParentClosed",
+    "Tick",
+)
+OUTPUT_TYPES = ("SettlementResult", "CapacityReleased", "ParentSettled", "AuditRecord", "DeadLetter")
+# Balance is the shared per-dimension type of outputs and ledger records; it can also be encoded on its own.
+LEDGER_TYPES = ("Balance", "LedgerParent", "LedgerChild", "IdempotencyRecord", "TimerRecord", "PartitionMeta")
+
+_Source = str | os.PathLike[str] | IO[bytes]
+
+
+class Codec:
+    """Encoder and decoder of every record of `schema_dir` (by default the packaged `schemas/` directory).
+
+    Schemas are loaded, resolved and parsed once, at construction; a Codec is immutable afterwards and may be
+    shared. `default_codec()` returns a shared instance for the packaged schemas.
+    """
+
+    def __init__(self, schema_dir: str | os.PathLike[str] = SCHEMA_DIR) -> None:
+        registry = load_registry(Path(schema_dir))
+        self._current = registry.current
+        self._headers = {name: version.header for name, version in registry.current.items()}
+        self._parsed = {name: version.parsed for name, version in registry.current.items()}
+        # fingerprint -> (short name, writer schema, reader schema or None when the writer is current)
+        self._readers: dict[bytes, tuple[str, dict[str, Any], dict[str, Any] | None]] = {
+            fp: (v.name, v.parsed, None if v.current else registry.current[v.name].parsed)
+            for fp, v in registry.by_fingerprint.items()
+        }
+        events = [v for v in registry.current.values() if v.namespace == EVENTS_NAMESPACE]
+        self._event_shapes = {v.name: EventShape(v.name, v.parsed) for v in events}
+        self._event_fullnames = {v.name: v.fullname for v in events}
+        self._event_names_by_fullname = {v.fullname: v.name for v in events}
+        self._container_schema = fastavro.parse_schema(expand([v.parsed for v in events], registry.definitions))
+        self._container_fingerprint = schema_fingerprint(self._container_schema)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Short names of every record this codec can encode."""
+        return tuple(sorted(self._current))
+
+    def version(self, name: str) -> SchemaVersion:
+        """The current schema version of record `name`."""
+        try:
+            return self._current[name]
+        except KeyError:
+            raise CodecError(f"unknown record name {name!r}") from None
+
+    def encode(self, name: str, record: dict[str, Any]) -> bytes:
+        """Single-object encoding of `record` with the current schema of `name` (short name)."""
+        try:
+            header = self._headers[name]
+        except KeyError:
+            raise CodecError(f"unknown record name {name!r}") from None
+        buffer = io.BytesIO()
+        buffer.write(header)
+        try:
+            schemaless_writer(buffer, self._parsed[name], record)
+        except Exception as exc:  # fastavro raises ValueError, TypeError, KeyError, AttributeError ...
+            raise CodecError(f"{name}: cannot encode: {type(exc).__name__}: {exc}") from exc
+        return buffer.getvalue()
+
+    def decode(self, data: bytes) -> tuple[str, dict[str, Any]]:
+        """(short name, record in the current reader schema) of single-object encoded `data`."""
+        if len(data) < HEADER_SIZE:
+            raise CodecError(f"truncated single-object header: {len(data)} bytes, need {HEADER_SIZE}")
+        if data[:2] != SINGLE_OBJECT_MARKER:
+            raise CodecError(f"bad single-object marker {bytes(data[:2]).hex()}, expected c301")
+        fingerprint = bytes(data[2:HEADER_SIZE])
+        try:
+            name, writer, reader = self._readers[fingerprint]
+        except KeyError:
+            raise CodecError(f"unknown writer schema fingerprint {fingerprint.hex()}") from None
+        body = io.BytesIO(data)
+        body.seek(HEADER_SIZE)
+        try:
+            record = schemaless_reader(body, writer, reader)
+        except Exception as exc:  # corrupt input surfaces as EOFError, UnicodeDecodeError, IndexError ...
+            raise CodecError(f"{name}: cannot decode body: {type(exc).__name__}: {exc}") from exc
+        if body.tell() != len(data):
+            raise CodecError(f"{name}: {len(data) - body.tell()} trailing bytes after the record")
+        if reader is not None:
+            record = in_schema_order(record, reader)
+        return name, record
+
+    def encode_event(self, event: dict[str, Any]) -> bytes:
+        """Single-object encoding of a canonical event dict (its "type" names the schema)."""
+        return self.encode(self._event_name(event), event)
+
+    def decode_event(self, data: bytes) -> dict[str, Any]:
+        """The canonical event dict of single-object encoded `data`; CodecError if it is not an event."""
+        name, record = self.decode(data)
+        if name not in self._event_shapes:
+            raise CodecError(f"{name} is not an event")
+        return {"type": name, **record}
+
+    def event_from_json(self, obj: Any) -> dict[str, Any]:
+        """Validate a parsed JSON object against its event schema and return its canonical dict.
+
+        The message of the CodecError names the field: "ChildReserved.quantities.tokens: expected integer, got
+        12.5", "ChildFailed.activated: missing required field", "Tick.now: unknown field".
+        """
+        return event_type_of(obj, self._event_shapes).normalize(obj)
+
+    def event_to_json(self, event: dict[str, Any]) -> dict[str, Any]:
+        """The JSON-ready dict of a canonical event: a fresh, validated copy with every field, in schema order.
+
+        The canonical form is the JSON form (SPEC section 12), so this is `event_from_json` under the name that
+        says which way the data goes; a CodecError here means the caller built an invalid event.
+        """
+        return self.event_from_json(event)
+
+    def write_container(self, dest: _Source, events: Iterable[dict[str, Any]]) -> None:
+        """Write canonical events to an Avro object container file (path or binary file object).
+
+        The file schema is the union of every event record, so any Avro tool can read the file.
+        """
+        tagged = ((self._event_fullnames[self._event_name(event)], event) for event in events)
+        with _open(dest, "wb") as fo:
+            try:
+                fastavro.writer(fo, self._container_schema, tagged)
+            except CodecError:
+                raise
+            except Exception as exc:
+                raise CodecError(f"cannot write container: {type(exc).__name__}: {exc}") from exc
+
+    def read_container(self, src: _Source) -> Iterator[dict[str, Any]]:
+        """Canonical events of an Avro object container file whose schema is a union of event records (as
+        `write_container` writes) or one event record. Older schema versions are resolved into the current ones.
+        A seekable file object is needed when the file's schema is not the current one.
+        """
+        with _open(src, "rb") as fo:
+            start = fo.tell()
+            try:
+                reader = fastavro.reader(fo, return_record_name=True)
+                reader_schema = self._container_reader_schema(reader.writer_schema)
+                if reader_schema is not None:
+                    fo.seek(start)
+                    reader = fastavro.reader(fo, reader_schema=reader_schema, return_record_name=True)
+                single = None if isinstance(reader.writer_schema, list) else reader.writer_schema["name"]
+                resolved = reader_schema is not None
+                for item in reader:
+                    fullname, record = (single, item) if single else item
+                    name = self._event_names_by_fullname[fullname]
+                    if resolved:
+                        record = in_schema_order(record, self._parsed[name])
+                    yield {"type": name, **record}
+            except CodecError:
+                raise
+            except Exception as exc:
+                raise CodecError(f"cannot read container: {type(exc).__name__}: {exc}") from exc
+
+    def _container_reader_schema(self, writer_schema: Any) -> Any:
+        """None when the file was written with current schemas, else the schema to resolve it into."""
+        branches = writer_schema if isinstance(writer_schema, list) else [writer_schema]
+        for branch in branches:
+            fullname = branch.get("name") if isinstance(branch, dict) else None
+            if fullname not in self._event_names_by_fullname:
+                raise CodecError(f"container holds {fullname or repr(branch)}, which is not an event record")
+        if isinstance(writer_schema, list):
+            current, reader = self._container_fingerprint, self._container_schema
+        else:
+            version = self._current[self._event_names_by_fullname[writer_schema["name"]]]
+            current, reader = version.fingerprint, version.parsed
+        return None if schema_fingerprint(writer_schema) == current else reader
+
+    def _event_name(self, event: Any) -> str:
+        try:
+            name = event["type"]
+        except (KeyError, TypeError):
+            raise CodecError(f"not an event dict with a 'type': {type(event).__name__}") from None
+        if name not in self._event_shapes:
+            raise CodecError(f"unknown event type {name!r}")
+        return name
+
+
+@cache
+def default_codec() -> Codec:
+    """The shared Codec of the packaged schemas."""
+    return Codec()
+
+
+def in_schema_order(value: Any, schema: Any, named: dict[str, Any] | None = None) -> Any:
+    """`value` with every record's fields in the order of `schema` (a parsed schema).
+
+    fastavro returns a record resolved from an older writer with the writer's fields first and the fields it
+    lacked after them; this puts them back in the reader's order, so that a record has the same key order
+    whichever version wrote it (JSON output depends on key order).
+    """
+    if named is None:
+        named = schema.get("__named_schemas", {}) if isinstance(schema, dict) else {}
+    if isinstance(schema, str):
+        return in_schema_order(value, named[schema], named) if schema in named else value
+    if isinstance(schema, list):
+        branches = [branch for branch in schema if branch != "null"]
+        if value is None or len(branches) != 1:
+            return value  # a union of several non-null types: the branch is not known here, keep as read
+        return in_schema_order(value, branches[0], named)
+    kind = schema["type"]
+    if kind == "record":
+        return {
+            field["name"]: in_schema_order(value[field["name"]], field["type"], named) for field in schema["fields"]
+        }
+    if kind == "map":
+        return {key: in_schema_order(item, schema["values"], named) for key, item in value.items()}
+    if kind == "array":
+        return [in_schema_order(item, schema["items"], named) for item in value]
+    return value
+
+
+def _open(target: _Source, mode: str) -> Any:
+    if isinstance(target, (str, os.PathLike)):
+        return open(target, mode)
+    return nullcontext(target)
