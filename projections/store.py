@@ -58,14 +58,14 @@ class MemoryStore:
             yield key, self._data[key]
 
     def write(self, changes: Iterable[Change], changelog_offset: int) -> None:
-        staged = dict(self._data)  # all or nothing, like a WriteBatch
+        # Nothing below can fail half-way (bytes in, bytes out), so applying in place is all-or-nothing.
+        data = self._data
         for key, value in changes:
             if value is None:
-                staged.pop(key, None)
+                data.pop(key, None)
             else:
-                staged[key] = value
-        staged[keys.CHANGELOG_OFFSET_KEY] = _encode_offset(changelog_offset)
-        self._data = staged
+                data[key] = value
+        data[keys.CHANGELOG_OFFSET_KEY] = _encode_offset(changelog_offset)
 
     def changelog_offset(self) -> int:
         return _decode_offset(self._data.get(keys.CHANGELOG_OFFSET_KEY))

@@ -1,0 +1,102 @@
+"""Benchmark of the fold alone, outside Kafka (issue 2). Not a test: it reports, it does not assert.
+
+    .venv/bin/python bench/fold.py [--events 100000] [--seed 7] [--checkpoint-events 1000]
+
+Three figures on one seeded realistic workload (processors/workload.py), all one process:
+- fold:            fold + in-memory store, events already decoded (state encoded at each checkpoint);
+- fold+rocksdb:    the same into a RocksDB projection;
+- fold+rocksdb+avro: also decoding every input from Avro single-object bytes and encoding every
+                   output (results, releases, audit records, parent summaries) to Avro, as the processor does.
+Writes bench/results/fold.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from processors.fold import Fold  # noqa: E402
+from processors.outputs import Outputs  # noqa: E402
+from processors.replay import open_view  # noqa: E402
+from processors.workload import Generator  # noqa: E402
+from projections.store import MemoryStore, RocksStore  # noqa: E402
+from schemas.codec import default_codec  # noqa: E402
+
+OUTPUT_RECORDS = (("results", "SettlementResult"), ("releases", "CapacityReleased"), ("audits", "AuditRecord"),
+                  ("settled", "ParentSettled"))
+
+
+def workload(seed: int, events: int) -> list[dict]:
+    codec = default_codec()
+    decoded = []
+    for record in Generator(seed).generate(events):
+        if isinstance(record, str):
+            continue  # malformed records never reach the fold
+        decoded.append(codec.event_from_json(record))
+    return decoded
+
+
+def run(events: list[dict], store, checkpoint_events: int, avro: bool) -> tuple[float, int]:
+    codec = default_codec()
+    inputs = [codec.encode_event(e) for e in events] if avro else events
+    view = open_view(store, codec)
+    fold = Fold(view)
+    out = Outputs()
+    produced = 0
+    started = time.perf_counter()
+    for offset, item in enumerate(inputs):
+        event = codec.decode_event(item) if avro else item
+        fold.apply(event, offset, out)
+        if (offset + 1) % checkpoint_events == 0 or offset + 1 == len(inputs):
+            if avro:
+                for attr, name in OUTPUT_RECORDS:
+                    for record in getattr(out, attr):
+                        codec.encode(name, record)
+            produced += out.count()
+            out.clear()
+            store.write(view.changes(), offset)
+            view.mark_committed()
+    return time.perf_counter() - started, produced
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--checkpoint-events", type=int, default=1_000)
+    args = parser.parse_args()
+    events = workload(args.seed, args.events)
+    figures = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, make_store, avro in (
+            ("fold", MemoryStore, False),
+            ("fold+rocksdb", lambda: RocksStore(os.path.join(tmp, "a")), False),
+            ("fold+rocksdb+avro", lambda: RocksStore(os.path.join(tmp, "b")), True),
+        ):
+            store = make_store()
+            seconds, produced = run(events, store, args.checkpoint_events, avro)
+            store.close()
+            figures[name] = {"events_per_s": round(len(events) / seconds), "seconds": round(seconds, 3),
+                             "outputs": produced}
+            print(f"{name:<20} {len(events) / seconds:>10,.0f} events/s  ({len(events)} events, "
+                  f"{produced} outputs, {seconds:.2f} s)")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    report = {"benchmark": "fold", "git_commit": commit, "events": len(events), "seed": args.seed,
+              "checkpoint_events": args.checkpoint_events, "python": platform.python_version(),
+              "machine": f"{platform.machine()}, {os.cpu_count()} cores", "figures": figures}
+    target = Path(__file__).resolve().parent / "results" / "fold.json"
+    target.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"written to {target}")
+
+
+if __name__ == "__main__":
+    main()
