@@ -204,9 +204,9 @@ cmd_up() {
         say "already running (pid $pid) on 127.0.0.1:$PORT"
         return 0
     fi
-    install
     require_port_free "$PORT" broker
     require_port_free "$CONTROLLER_PORT" controller
+    install
     started_s=$SECONDS
     write_config
     format_storage

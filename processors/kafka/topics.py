@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +28,8 @@ DEFAULT_SPEC_PATH = Path(__file__).resolve().parents[2] / "deploy" / "topics.jso
 # -1 asks the broker for its default.replication.factor: 1 on the local broker, the cluster's choice elsewhere.
 BROKER_DEFAULT_REPLICATION_FACTOR = -1
 # Kafka's own rule for topic names (kafka.common.internals.Topic).
+# How often apply polls the metadata while freshly created topics propagate to the brokers.
+METADATA_POLL_INTERVAL_S = 0.05
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 STATUS_OK = "ok"
@@ -152,6 +155,9 @@ def apply(admin: AdminClient, spec: Spec, timeout_s: float = 15.0) -> list[Topic
     if not missing:
         return reports
     raced = _create(admin, missing, spec.replication_factor, timeout_s)
+    # The controller has committed the topics, but a broker's metadata cache follows a moment later; wait,
+    # so that a caller can use them at once and so that a re-check below sees them.
+    _await_metadata(admin, [topic.name for topic in missing], timeout_s)
     recheck = {}
     if raced:
         # Someone else created these between our check and our create: theirs may differ from the spec.
@@ -195,6 +201,21 @@ def _list_topics(admin: AdminClient, timeout_s: float):
     except KafkaException as exc:
         wrapped = KafkaFailure.wrap("no metadata from the Kafka cluster", exc)
         raise BrokerUnreachable(str(wrapped), wrapped.code, wrapped.retriable, wrapped.fatal) from None
+
+
+def _await_metadata(admin: AdminClient, names: list[str], timeout_s: float) -> None:
+    """Return once every topic of `names` is in the metadata with a leader for each partition."""
+    deadline_s = time.monotonic() + timeout_s
+    while True:
+        metadata = _list_topics(admin, timeout_s)
+        if all(name in metadata.topics and metadata.topics[name].partitions
+               and all(partition.leader >= 0 for partition in metadata.topics[name].partitions.values())
+               for name in names):
+            return
+        if time.monotonic() > deadline_s:
+            raise KafkaFailure(f"topics created but not in the cluster metadata after {timeout_s}s: "
+                               f"{', '.join(sorted(names))}", code="_TIMED_OUT", retriable=True)
+        time.sleep(METADATA_POLL_INTERVAL_S)
 
 
 def _describe_configs(admin: AdminClient, names: list[str], timeout_s: float) -> dict[str, dict]:
