@@ -1,0 +1,79 @@
+"""deploy/kafka.sh as a developer and CI use it: up, status, up again, down, down again; and a clear refusal
+when the port is taken. The lifecycle runs its own broker on free ports with its own state directory, so it
+never disturbs the session's broker; it reuses the jar cache."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.kafka
+
+KAFKA_SH = Path(__file__).resolve().parents[2] / "deploy" / "kafka.sh"
+# Generous: the first test of a fresh machine may install Kafka from Maven Central.
+SCRIPT_TIMEOUT_S = 600
+
+
+def kafka_sh(command: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(KAFKA_SH), command], env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=SCRIPT_TIMEOUT_S)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_up_status_down_are_safe_to_repeat(tmp_path):
+    port, controller_port = free_port(), free_port()
+    env = {"KAFKA_PORT": str(port), "KAFKA_CONTROLLER_PORT": str(controller_port),
+           "KAFKA_RUN_DIR": str(tmp_path / "run")}
+    try:
+        up = kafka_sh("up", env)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert f"up on 127.0.0.1:{port}" in up.stdout
+        pid = (tmp_path / "run" / "pid").read_text().strip()
+
+        status = kafka_sh("status", env)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert f"running: pid {pid}" in status.stdout
+        assert f"127.0.0.1:{port}" in status.stdout and f"127.0.0.1:{controller_port}" in status.stdout
+
+        again = kafka_sh("up", env)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert again.stdout.strip() == f"kafka: already running (pid {pid}) on 127.0.0.1:{port}"
+        assert (tmp_path / "run" / "pid").read_text().strip() == pid
+    finally:
+        down = kafka_sh("down", env)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert down.stdout.strip() == f"kafka: stopped (pid {pid})"
+    assert not (tmp_path / "run" / "pid").exists()
+
+    status = kafka_sh("status", env)
+    assert status.returncode == 3 and "not running" in status.stdout
+    again = kafka_sh("down", env)
+    assert again.returncode == 0 and again.stdout.strip() == "kafka: not running"
+
+
+def test_up_refuses_a_port_in_use_with_one_clear_line(tmp_path):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        up = kafka_sh("up", {"KAFKA_PORT": str(port), "KAFKA_CONTROLLER_PORT": str(free_port()),
+                             "KAFKA_RUN_DIR": str(tmp_path / "run")})
+    assert up.returncode == 1
+    assert f"port {port} (broker) on 127.0.0.1 is in use" in up.stderr
+    assert "Exception" not in up.stderr and "Traceback" not in up.stderr
+
+
+def test_status_of_a_broker_that_is_not_running(tmp_path):
+    status = kafka_sh("status", {"KAFKA_PORT": str(free_port()), "KAFKA_RUN_DIR": str(tmp_path / "run")})
+    assert status.returncode == 3
+    assert "kafka: not running" in status.stdout
