@@ -1,0 +1,81 @@
+"""docker-compose.yml cannot run here (no Docker engine), so check what can go wrong without one: it parses,
+it runs the Kafka version deploy/kafka.sh runs, its provisioning command is one `settle topics` accepts and
+yields exactly deploy/topics.json, and the processor is pointed at the same cluster and topic names."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from processors.kafka import topics
+from processors.kafka.topics_cli import add_parser
+
+pytestmark = pytest.mark.unit
+
+REPO_DIR = Path(__file__).resolve().parents[1]
+COMPOSE = yaml.safe_load((REPO_DIR / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+DOCKERFILE = (REPO_DIR / "deploy" / "Dockerfile").read_text()
+
+
+def compose_default(value: str) -> str:
+    """What Compose substitutes for `${NAME:-default}` when NAME is unset."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(value))
+
+
+def environment(service: str) -> dict[str, str]:
+    return {key: compose_default(value) for key, value in SERVICES[service]["environment"].items()}
+
+
+def test_compose_runs_the_kafka_version_of_deploy_kafka_sh():
+    pinned = re.search(r"^readonly KAFKA_VERSION=(\S+)$", (REPO_DIR / "deploy" / "kafka.sh").read_text(), re.M)
+    assert SERVICES["kafka"]["image"] == f"apache/kafka:{pinned.group(1)}"
+
+
+def test_kafka_is_a_single_kraft_node_configured_like_the_local_broker():
+    env = SERVICES["kafka"]["environment"]
+    assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert str(env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"]) == "false"
+    for key in ("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
+                "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "KAFKA_DEFAULT_REPLICATION_FACTOR"):
+        assert int(env[key]) == 1, key
+
+
+def test_provisioning_command_is_valid_and_yields_exactly_the_spec():
+    command = [compose_default(part) for part in SERVICES["topics"]["command"]]
+    parser = argparse.ArgumentParser(prog="settle")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(command)
+    assert (args.command, args.topics_command) == ("topics", "apply")
+
+    env = environment("topics")
+    provisioned = topics.load_spec(REPO_DIR / "deploy" / "topics.json", prefix=env["SETTLE_TOPIC_PREFIX"],
+                                   partitions=args.partitions)
+    assert provisioned == topics.load_spec(REPO_DIR / "deploy" / "topics.json")
+
+
+def test_the_image_carries_the_spec_where_the_services_look_for_it():
+    spec_path = environment("topics")["SETTLE_TOPIC_SPEC"]
+    assert f"COPY deploy/topics.json {spec_path}" in DOCKERFILE
+    assert f"ENV SETTLE_TOPIC_SPEC={spec_path}" in DOCKERFILE
+    assert "!deploy/topics.json" in (REPO_DIR / "deploy" / "Dockerfile.dockerignore").read_text()
+    assert 'ENTRYPOINT ["settle"]' in DOCKERFILE
+
+
+def test_processor_uses_the_cluster_and_topic_names_that_were_provisioned():
+    provisioning, processor = environment("topics"), environment("processor")
+    for key in ("SETTLE_BOOTSTRAP_SERVERS", "SETTLE_TOPIC_PREFIX", "SETTLE_TOPIC_SPEC"):
+        assert processor[key] == provisioning[key], key
+    advertised = SERVICES["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    assert f"INTERNAL://{processor['SETTLE_BOOTSTRAP_SERVERS']}" in advertised.split(",")
+    assert SERVICES["processor"]["command"] == ["run"]
+
+
+def test_services_start_in_order_broker_topics_processor():
+    assert SERVICES["topics"]["depends_on"] == {"kafka": {"condition": "service_healthy"}}
+    assert SERVICES["processor"]["depends_on"] == {"topics": {"condition": "service_completed_successfully"}}
+    assert SERVICES["topics"]["restart"] == "no"
