@@ -8,7 +8,7 @@
 #   bash deploy/kafka.sh install  only resolve the jars into the cache
 #
 # Environment (defaults in brackets):
-#   KAFKA_PORT [9092]  KAFKA_CONTROLLER_PORT [9093]  KAFKA_HEAP_MB [512]
+#   KAFKA_PORT [9092]  KAFKA_CONTROLLER_PORT [KAFKA_PORT + 1]  KAFKA_HEAP_MB [512]
 #   KAFKA_UP_TIMEOUT_S [90]  KAFKA_STOP_TIMEOUT_S [30]
 #   KAFKA_CACHE_DIR [.cache/kafka]  KAFKA_M2_DIR [.cache/m2]  KAFKA_RUN_DIR [.run/kafka]
 #
@@ -23,7 +23,7 @@ REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly REPO_DIR
 readonly DEPLOY_DIR=$REPO_DIR/deploy
 readonly PORT=${KAFKA_PORT:-9092}
-readonly CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-9093}
+readonly CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-$((PORT + 1))}
 readonly HEAP_MB=${KAFKA_HEAP_MB:-512}
 readonly UP_TIMEOUT_S=${KAFKA_UP_TIMEOUT_S:-90}
 readonly STOP_TIMEOUT_S=${KAFKA_STOP_TIMEOUT_S:-30}
