@@ -31,7 +31,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"settle {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_replay(commands)
+    _add_kafka_commands(commands)
     return parser
+
+
+def _add_kafka_commands(commands) -> None:
+    from processors.kafka import commands as kafka_commands
+    from processors.kafka import topics_cli
+
+    kafka_commands.add_run(commands)
+    kafka_commands.add_produce(commands)
+    kafka_commands.add_inspect(commands)
+    topics_cli.add_parser(commands)
 
 
 def _add_replay(commands) -> None:

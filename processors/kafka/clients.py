@@ -1,0 +1,223 @@
+"""Clients for the two sides of the processor.
+
+`BranchEventProducer`: what an orchestrator's adapter uses to publish branch events: an idempotent
+producer, keyed by parent_id (murmur2, the same partitioner as the Java client), Avro single-object
+encoded, one typed method per event. `read_outputs`: typed records from the output topics, read_committed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Iterator
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from processors.kafka.errors import KafkaFailure
+from schemas.codec import Codec, default_codec
+
+
+class PublishFailed(KafkaFailure):
+    """Events were not acknowledged by the broker. Raised by `BranchEventProducer.flush`; the message counts
+    them and names the first error. Operator: the events were not published: publish them again (the
+    idempotency keys make a second delivery harmless)."""
+
+
+class BranchEventProducer:
+    def __init__(self, client_config: dict, topic: str = "branch-events", codec: Codec | None = None) -> None:
+        self.topic = topic
+        self.codec = codec or default_codec()
+        self._producer = Producer({**client_config, "enable.idempotence": True, "acks": "all",
+                                   "partitioner": "murmur2_random", "linger.ms": 5})
+        self._failures: list[KafkaError] = []
+        self._seq = itertools.count(1)
+
+    def _delivered(self, err, msg) -> None:
+        if err is not None:
+            self._failures.append(err)
+
+    def publish(self, event: dict, partition: int | None = None) -> None:
+        """Publish one event in its JSON form (validated first: a CodecError names the bad field). A Tick
+        belongs to a partition, not a parent: it needs `partition`."""
+        event = self.codec.event_from_json(event)
+        if event["type"] == "Tick" and partition is None:
+            raise ValueError("a Tick is produced to an explicit partition: use tick(partition, now_ms)")
+        value = self.codec.encode_event(event)
+        key = event["parent_id"].encode() if event["parent_id"] else None
+        while True:
+            try:
+                if partition is None:
+                    self._producer.produce(self.topic, value=value, key=key, on_delivery=self._delivered)
+                else:
+                    self._producer.produce(self.topic, value=value, key=key, partition=partition,
+                                           on_delivery=self._delivered)
+                break
+            except BufferError:
+                self._producer.poll(0.05)
+        self._producer.poll(0)
+
+    def partitions(self, timeout_s: float = 10.0) -> list[int]:
+        metadata = self._producer.list_topics(self.topic, timeout=timeout_s)
+        topic = metadata.topics.get(self.topic)
+        if topic is None or topic.error is not None:
+            raise KafkaFailure(f"topic {self.topic} is not available: {topic.error if topic else 'missing'}")
+        return sorted(topic.partitions)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        remaining = self._producer.flush(timeout_s)
+        if self._failures or remaining:
+            first = self._failures[0].str() if self._failures else "timed out"
+            count = len(self._failures) + remaining
+            self._failures.clear()
+            raise PublishFailed(f"{count} events not acknowledged: {first}")
+
+    # -- one typed method per event --------------------------------------------------------------------
+
+    def _send(self, etype: str, parent_id: str, idempotency_key: str, occurred_at_ms: int,
+              event_id: str | None, **fields) -> None:
+        self.publish({"type": etype, "event_id": event_id or f"{uuid.uuid4()}", "idempotency_key": idempotency_key,
+                      "parent_id": parent_id, "occurred_at_ms": occurred_at_ms, **fields})
+
+    def tick(self, partition: int, now_ms: int) -> None:
+        self.publish({"type": "Tick", "event_id": f"tick-{partition}-{now_ms}",
+                      "idempotency_key": f"tick/{partition}/{now_ms}", "parent_id": "", "occurred_at_ms": now_ms,
+                      "now_ms": now_ms}, partition=partition)
+
+    def parent_reserved(self, parent_id, *, capacity, lease_ttl_ms, policy, idempotency_key, occurred_at_ms,
+                        event_id=None):
+        self._send("ParentReserved", parent_id, idempotency_key, occurred_at_ms, event_id, capacity=capacity,
+                   lease_ttl_ms=lease_ttl_ms, policy=policy)
+
+    def child_reserved(self, parent_id, *, child_id, branch_id, attempt_id, quantities, idempotency_key,
+                       occurred_at_ms, event_id=None):
+        self._send("ChildReserved", parent_id, idempotency_key, occurred_at_ms, event_id, child_id=child_id,
+                   branch_id=branch_id, attempt_id=attempt_id, quantities=quantities)
+
+    def child_activated(self, parent_id, *, child_id, attempt_id, lease_generation, lease_ttl_ms, idempotency_key,
+                        occurred_at_ms, event_id=None):
+        self._send("ChildActivated", parent_id, idempotency_key, occurred_at_ms, event_id, child_id=child_id,
+                   attempt_id=attempt_id, lease_generation=lease_generation, lease_ttl_ms=lease_ttl_ms)
+
+    def lease_renewed(self, parent_id, *, child_id, attempt_id, lease_generation, lease_ttl_ms, idempotency_key,
+                      occurred_at_ms, event_id=None):
+        self._send("LeaseRenewed", parent_id, idempotency_key, occurred_at_ms, event_id, child_id=child_id,
+                   attempt_id=attempt_id, lease_generation=lease_generation, lease_ttl_ms=lease_ttl_ms)
+
+    def usage_reported(self, parent_id, *, child_id, attempt_id, lease_generation, usage_report_id, usage,
+                       final=False, idempotency_key, occurred_at_ms, event_id=None):
+        self._send("UsageReported", parent_id, idempotency_key, occurred_at_ms, event_id, child_id=child_id,
+                   attempt_id=attempt_id, lease_generation=lease_generation, usage_report_id=usage_report_id,
+                   usage=usage, final=final)
+
+    def child_completed(self, parent_id, *, child_id, attempt_id, lease_generation, usage, idempotency_key,
+                        occurred_at_ms, event_id=None):
+        self._send("ChildCompleted", parent_id, idempotency_key, occurred_at_ms, event_id, child_id=child_id,
+                   attempt_id=attempt_id, lease_generation=lease_generation, usage=usage)
+
+    def child_skipped(self, parent_id, *, child_id, attempt_id, reason="", idempotency_key, occurred_at_ms,
+                      event_id=None):
+        self._send("ChildSkipped", parent_id, idempotency_key, occurred_at_ms, event_id, child_id=child_id,
+                   attempt_id=attempt_id, reason=reason)
+
+    def cancel_requested(self, parent_id, *, child_id, attempt_id, reason="", idempotency_key, occurred_at_ms,
+                         event_id=None):
+        self._send("CancelRequested", parent_id, idempotency_key, occurred_at_ms, event_id, child_id=child_id,
+                   attempt_id=attempt_id, reason=reason)
+
+    def cancel_acknowledged(self, parent_id, *, child_id, attempt_id, lease_generation, usage=None,
+                            usage_uncertain=False, retry_attempt_id=None, idempotency_key, occurred_at_ms,
+                            event_id=None):
+        self._send("CancelAcknowledged", parent_id, idempotency_key, occurred_at_ms, event_id, child_id=child_id,
+                   attempt_id=attempt_id, lease_generation=lease_generation, usage=usage,
+                   usage_uncertain=usage_uncertain, retry_attempt_id=retry_attempt_id)
+
+    def child_failed(self, parent_id, *, child_id, attempt_id, lease_generation, activated, usage=None,
+                     usage_uncertain=False, reason="", retry_attempt_id=None, idempotency_key, occurred_at_ms,
+                     event_id=None):
+        self._send("ChildFailed", parent_id, idempotency_key, occurred_at_ms, event_id, child_id=child_id,
+                   attempt_id=attempt_id, lease_generation=lease_generation, activated=activated, usage=usage,
+                   usage_uncertain=usage_uncertain, reason=reason, retry_attempt_id=retry_attempt_id)
+
+    def speculative_winner(self, parent_id, *, branch_id, winner_attempt_id, idempotency_key, occurred_at_ms,
+                           event_id=None):
+        self._send("SpeculativeWinner", parent_id, idempotency_key, occurred_at_ms, event_id, branch_id=branch_id,
+                   winner_attempt_id=winner_attempt_id)
+
+    def reservation_transferred(self, parent_id, *, child_id, from_attempt_id, to_attempt_id, idempotency_key,
+                                occurred_at_ms, event_id=None):
+        self._send("ReservationTransferred", parent_id, idempotency_key, occurred_at_ms, event_id,
+                   child_id=child_id, from_attempt_id=from_attempt_id, to_attempt_id=to_attempt_id)
+
+    def reconciliation_resolved(self, parent_id, *, child_id, attempt_id, usage, resolution, idempotency_key,
+                                occurred_at_ms, event_id=None):
+        self._send("ReconciliationResolved", parent_id, idempotency_key, occurred_at_ms, event_id,
+                   child_id=child_id, attempt_id=attempt_id, usage=usage, resolution=resolution)
+
+    def usage_adjustment(self, parent_id, *, child_id, attempt_id, usage, reason="", idempotency_key,
+                         occurred_at_ms, event_id=None):
+        self._send("UsageAdjustment", parent_id, idempotency_key, occurred_at_ms, event_id, child_id=child_id,
+                   attempt_id=attempt_id, usage=usage, reason=reason)
+
+    def scheduler_release_confirmed(self, parent_id, *, child_id, attempt_id, dimension, idempotency_key,
+                                    occurred_at_ms, event_id=None):
+        self._send("SchedulerReleaseConfirmed", parent_id, idempotency_key, occurred_at_ms, event_id,
+                   child_id=child_id, attempt_id=attempt_id, dimension=dimension)
+
+    def parent_closed(self, parent_id, *, outcome, idempotency_key, occurred_at_ms, event_id=None):
+        self._send("ParentClosed", parent_id, idempotency_key, occurred_at_ms, event_id, outcome=outcome)
+
+
+@dataclass(frozen=True)
+class OutputRecord:
+    kind: str  # "SettlementResult", "CapacityReleased", "ParentSettled", "AuditRecord", "DeadLetter"
+    record: dict
+    topic: str
+    partition: int
+    offset: int
+
+
+def read_outputs(client_config: dict, topics: list[str], *, group_id: str | None = None,
+                 until_end: bool = True, idle_timeout_s: float = 5.0, codec: Codec | None = None
+                 ) -> Iterator[OutputRecord]:
+    """Typed records of the output topics, read_committed: only what a committed transaction wrote.
+    With `until_end` (default) it stops at the end of every partition; without a group it reads from the
+    beginning and commits nothing (an audit read)."""
+    codec = codec or default_codec()
+    consumer = Consumer({**client_config, "group.id": group_id or f"settle-reader-{uuid.uuid4()}",
+                         "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+                         "enable.auto.commit": group_id is not None, "enable.partition.eof": True})
+    try:
+        metadata = consumer.list_topics(timeout=10)
+        assignment = [TopicPartition(t, p) for t in topics for p in metadata.topics[t].partitions]
+        if group_id is None:
+            for tp in assignment:
+                tp.offset = -2  # OFFSET_BEGINNING
+            consumer.assign(assignment)
+        else:
+            consumer.subscribe(topics)
+        at_end: set[tuple[str, int]] = set()
+        idle_since = None
+        while True:
+            messages = consumer.consume(num_messages=1_000, timeout=0.5)
+            if not messages:
+                idle_since = idle_since or time.monotonic()
+                if until_end and time.monotonic() - idle_since > idle_timeout_s:
+                    return
+                continue
+            idle_since = None
+            for message in messages:
+                err = message.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        at_end.add((message.topic(), message.partition()))
+                        continue
+                    raise KafkaException(err)
+                at_end.discard((message.topic(), message.partition()))
+                kind, record = codec.decode(message.value())
+                yield OutputRecord(kind, record, message.topic(), message.partition(), message.offset())
+            if until_end and len(at_end) == len(assignment):
+                return
+    finally:
+        consumer.close()

@@ -1,0 +1,140 @@
+"""The processor's configuration: one frozen object, built once at start-up.
+
+Precedence, lowest first: defaults < config file (TOML, `--config FILE` or SETTLE_CONFIG) < environment
+(SETTLE_<SETTING>, e.g. SETTLE_COMMIT_INTERVAL_MS) < flags (--commit-interval-ms). librdkafka settings pass
+through untouched: a `[kafka]` table in the file, SETTLE_KAFKA_<SETTING> variables, --kafka-config KEY=VALUE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from processors.errors import ConfigError
+from processors.kafka import connection
+
+CONFIG_FILE_ENV = "SETTLE_CONFIG"
+ENV_PREFIX = "SETTLE_"
+
+
+def _default_worker_slot() -> str:
+    return socket.gethostname()
+
+
+@dataclass(frozen=True)
+class ProcessorConfig:
+    bootstrap_servers: str = connection.DEFAULT_BOOTSTRAP_SERVERS
+    group_id: str = "branch-settlement"
+    topic_prefix: str = ""
+    topic_spec: str = ""
+    state_dir: str = ".run/state"
+    # A stable id per worker slot (host name, pod ordinal): a restarted worker fences its predecessor at once.
+    worker_slot: str = field(default_factory=_default_worker_slot)
+    transactional_id_prefix: str = "branch-settlement"
+    commit_interval_ms: int = 100
+    commit_events: int = 2_000
+    # Ticks appended to each owned partition (SPEC §7); 0 turns them off (replaying recorded ticks only).
+    tick_interval_ms: int = 1_000
+    session_timeout_ms: int = 10_000
+    max_poll_interval_ms: int = 60_000
+    transaction_timeout_ms: int = 30_000
+    metrics_port: int = 0
+    log_level: str = "INFO"
+    kafka: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def transactional_id(self) -> str:
+        return f"{self.transactional_id_prefix}-{self.worker_slot}"
+
+    def client_config(self) -> dict[str, str]:
+        return connection.client_config(self.bootstrap_servers, self.kafka)
+
+    def validate(self) -> "ProcessorConfig":
+        for name in ("commit_interval_ms", "commit_events", "session_timeout_ms", "max_poll_interval_ms",
+                     "transaction_timeout_ms"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("tick_interval_ms", "metrics_port"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.worker_slot or not self.group_id:
+            raise ConfigError("worker_slot and group_id must not be empty")
+        return self
+
+
+HELP = {
+    "bootstrap_servers": "Kafka brokers to bootstrap from",
+    "group_id": "consumer group of the processors: one writer per partition within it",
+    "topic_prefix": "prefix of every topic name (isolated environments, tests)",
+    "topic_spec": "topic spec file (default: deploy/topics.json)",
+    "state_dir": "directory of the RocksDB projections, one per input partition",
+    "worker_slot": "stable id of this worker slot (host name, pod ordinal); part of transactional.id",
+    "transactional_id_prefix": "transactional.id = PREFIX-WORKER_SLOT",
+    "commit_interval_ms": "checkpoint (commit the transaction) at least this often while events flow",
+    "commit_events": "checkpoint after this many events, whatever the interval",
+    "tick_interval_ms": "append a Tick to each owned partition this often; 0 = never",
+    "session_timeout_ms": "consumer group session timeout",
+    "max_poll_interval_ms": "consumer max.poll.interval.ms",
+    "transaction_timeout_ms": "producer transaction.timeout.ms",
+    "metrics_port": "serve Prometheus metrics on this port; 0 = off",
+    "log_level": "DEBUG, INFO, WARNING or ERROR",
+}
+_SETTINGS = [f for f in dataclasses.fields(ProcessorConfig) if f.name != "kafka"]
+
+
+def env_name(setting: str) -> str:
+    return ENV_PREFIX + setting.upper()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE",
+                        help=f"TOML config file with these settings and a [kafka] table (env {CONFIG_FILE_ENV})")
+    for f in _SETTINGS:
+        if f.name == "bootstrap_servers":
+            continue  # from add_connection_arguments
+        default = "host name" if f.name == "worker_slot" else f.default
+        parser.add_argument("--" + f.name.replace("_", "-"), metavar=f.name.split("_")[-1].upper(),
+                            help=f"{HELP[f.name]} (env {env_name(f.name)}; default: {default})")
+    connection.add_connection_arguments(parser)
+
+
+def _convert(name: str, value, kind) -> object:
+    try:
+        return int(value) if kind in (int, "int") else str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected an integer, got {value!r}") from None
+
+
+def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None) -> ProcessorConfig:
+    environ = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+    kafka: dict[str, str] = {}
+    path = getattr(args, "config", None) or environ.get(CONFIG_FILE_ENV)
+    if path:
+        try:
+            with open(path, "rb") as f:
+                document = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as err:
+            raise ConfigError(f"config file {path}: {err}") from None
+        kafka.update({str(k): str(v) for k, v in document.pop("kafka", {}).items()})
+        known = {f.name for f in _SETTINGS}
+        unknown = sorted(set(document) - known)
+        if unknown:
+            raise ConfigError(f"config file {path}: unknown settings {', '.join(unknown)}")
+        values.update(document)
+    for f in _SETTINGS:
+        if env_name(f.name) in environ:
+            values[f.name] = environ[env_name(f.name)]
+        flag = getattr(args, f.name, None) if args is not None else None
+        if flag is not None:
+            values[f.name] = flag
+    kafka.update(connection.settings_from_env(environ))
+    if args is not None:
+        kafka.update(connection.parse_settings(getattr(args, "kafka_config", []) or []))
+    typed = {f.name: _convert(f.name, values[f.name], f.type) for f in _SETTINGS if f.name in values}
+    return ProcessorConfig(kafka=kafka, **typed).validate()

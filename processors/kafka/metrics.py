@@ -1,0 +1,29 @@
+"""Prometheus metrics of the processor. One registry per processor, so tests can run several."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.events = Counter("settle_events", "Input events folded, by result code", ["result"], registry=r)
+        self.dead_letters = Counter("settle_dead_letters", "Input records sent to the dead-letter topic", registry=r)
+        self.releases = Counter("settle_released_quantity", "Capacity released, by dimension and destination",
+                                ["dimension", "destination"], registry=r)
+        self.transactions = Counter("settle_transactions", "Transactions, by outcome (committed, aborted)",
+                                    ["outcome"], registry=r)
+        self.capacity = Gauge("settle_capacity", "Ledger balance terms summed over the owned partitions' parents",
+                              ["term", "dimension"], registry=r)
+        self.lag = Gauge("settle_consumer_lag_records", "Input records not yet folded, per partition",
+                         ["partition"], registry=r)
+        self.restore_records = Gauge("settle_restore_records", "Changelog records applied by the running restore",
+                                     ["partition"], registry=r)
+        self.stopped = Gauge("settle_partition_stopped",
+                             "1 while a partition is stopped by an invariant violation", ["partition"], registry=r)
+        self.checkpoint_seconds = Gauge("settle_last_checkpoint_seconds", "Duration of the last checkpoint",
+                                        registry=r)
+
+    def serve(self, port: int) -> None:
+        start_http_server(port, registry=self.registry)
