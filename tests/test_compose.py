@@ -4,15 +4,17 @@ yields exactly deploy/topics.json, and the processor is pointed at the same clus
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+from processors.cli import build_parser
+from processors.kafka import config as processor_config
 from processors.kafka import topics
-from processors.kafka.topics_cli import add_parser
+from processors.kafka.config import ProcessorConfig
 
 pytestmark = pytest.mark.unit
 
@@ -47,9 +49,7 @@ def test_kafka_is_a_single_kraft_node_configured_like_the_local_broker():
 
 def test_provisioning_command_is_valid_and_yields_exactly_the_spec():
     command = [compose_default(part) for part in SERVICES["topics"]["command"]]
-    parser = argparse.ArgumentParser(prog="settle")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(command)
+    args = build_parser().parse_args(command)
     assert (args.command, args.topics_command) == ("topics", "apply")
 
     env = environment("topics")
@@ -72,7 +72,16 @@ def test_processor_uses_the_cluster_and_topic_names_that_were_provisioned():
         assert processor[key] == provisioning[key], key
     advertised = SERVICES["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
     assert f"INTERNAL://{processor['SETTLE_BOOTSTRAP_SERVERS']}" in advertised.split(",")
-    assert SERVICES["processor"]["command"] == ["run"]
+
+
+def test_processor_command_and_environment_are_ones_settle_run_knows():
+    args = build_parser().parse_args(SERVICES["processor"]["command"])
+    assert args.command == "run"
+    # A misspelt variable would be ignored silently and the processor would run on its defaults.
+    known = {processor_config.env_name(setting.name) for setting in dataclasses.fields(ProcessorConfig)}
+    assert set(environment("processor")) <= known
+    config = processor_config.load(None, environ=environment("processor"))
+    assert config.state_dir in {volume.split(":")[1] for volume in SERVICES["processor"]["volumes"]}
 
 
 def test_services_start_in_order_broker_topics_processor():

@@ -25,7 +25,7 @@ class KafkaFailure(SettlementError):
         self.fatal = fatal
 
     @classmethod
-    def wrap(cls, what: str, exc: KafkaException) -> "KafkaFailure":
+    def wrap(cls, what: str, exc: KafkaException) -> KafkaFailure:
         """`what` says what was attempted, in words an operator recognises."""
         err = exc.args[0] if exc.args else None
         if err is None or not hasattr(err, "name"):

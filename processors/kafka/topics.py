@@ -199,8 +199,7 @@ def _list_topics(admin: AdminClient, timeout_s: float):
     try:
         return admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
-        wrapped = KafkaFailure.wrap("no metadata from the Kafka cluster", exc)
-        raise BrokerUnreachable(str(wrapped), wrapped.code, wrapped.retriable, wrapped.fatal) from None
+        raise BrokerUnreachable.wrap("no metadata from the Kafka cluster", exc) from None
 
 
 def _await_metadata(admin: AdminClient, names: list[str], timeout_s: float) -> None:

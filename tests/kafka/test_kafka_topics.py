@@ -3,15 +3,15 @@ back independently of the code under test), a second apply changes nothing, and 
 
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
+from processors.cli import main as settle
 from processors.kafka import topics
-from processors.kafka.topics_cli import EXIT_DRIFT, EXIT_OK, EXIT_UNAVAILABLE, add_parser
+from processors.kafka.topics_cli import EXIT_DRIFT, EXIT_OK, EXIT_UNAVAILABLE
 
 pytestmark = pytest.mark.kafka
 
@@ -20,11 +20,8 @@ TIMEOUT_S = 30.0
 
 
 def settle_topics(*argv: str) -> int:
-    """Run `settle topics ...` the way the settle command line does: argparse, then the chosen command."""
-    parser = argparse.ArgumentParser(prog="settle")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["topics", *argv])
-    return args.run(args)
+    """`settle topics ...`, through the real command line."""
+    return settle(["topics", *argv])
 
 
 def read_back(admin: AdminClient, name: str) -> tuple[int, dict[str, str]]:
@@ -91,8 +88,9 @@ def test_wrong_cleanup_policy_is_reported_and_left_alone(kafka_bootstrap, kafka_
 
 
 def test_describe_reports_missing_topics_and_creates_none(kafka_bootstrap, kafka_admin, topic_prefix, capsys):
-    assert settle_topics("describe", "--bootstrap-servers", kafka_bootstrap, "--topic-prefix", topic_prefix) == EXIT_DRIFT
+    exit_code = settle_topics("describe", "--bootstrap-servers", kafka_bootstrap, "--topic-prefix", topic_prefix)
 
+    assert exit_code == EXIT_DRIFT
     assert capsys.readouterr().out.count("missing ") == len(SPEC["topics"])
     assert not [name for name in kafka_admin.list_topics(timeout=TIMEOUT_S).topics if name.startswith(topic_prefix)]
 
@@ -102,8 +100,9 @@ def test_unreachable_cluster_exits_2_with_one_clear_message(capsys):
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
     # Nothing listens on `port` once the socket is closed.
-    assert settle_topics("apply", "--bootstrap-servers", f"127.0.0.1:{port}", "--timeout-ms", "2000") == EXIT_UNAVAILABLE
+    exit_code = settle_topics("apply", "--bootstrap-servers", f"127.0.0.1:{port}", "--timeout-ms", "2000")
 
+    assert exit_code == EXIT_UNAVAILABLE
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "no metadata from the Kafka cluster" in captured.err and f"127.0.0.1:{port}" in captured.err
