@@ -15,7 +15,7 @@ from typing import Callable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processors.errors import InvariantViolation
-from processors.kafka.checkpoint import FatalProducerError, commit_checkpoint, rewind
+from processors.kafka.checkpoint import FatalProducerError, ProducerFenced, commit_checkpoint, rewind
 from processors.kafka.config import ProcessorConfig
 from processors.kafka.metrics import Metrics
 from processors.kafka.partition import PartitionTask, open_store
@@ -26,6 +26,8 @@ log = logging.getLogger("settle.processor")
 
 CONSUME_BATCH = 500
 IDLE_POLL_S = 0.05
+FENCE_RETRIES = 4
+FENCE_BACKOFF_S = 0.5
 
 
 class Processor:
@@ -42,6 +44,7 @@ class Processor:
         self.last_checkpoint = time.monotonic()
         self.producer: Producer | None = None
         self.consumer: Consumer | None = None
+        self.fence_retries = 0
 
     # -- clients ------------------------------------------------------------------------------------------
 
@@ -196,9 +199,12 @@ class Processor:
         try:
             result = commit_checkpoint(self.producer, self.consumer, tasks, self.ticks, self.topics, self.codec,
                                        self.config.transaction_timeout_ms / 1000)
+        except ProducerFenced as exc:
+            self._recover_from_fence(exc)
+            rewind(self.consumer, tasks, self.topics)
+            result = None
         except FatalProducerError as exc:
             log.error("%s: recreating the producer and replaying from the last commit", exc)
-            self.metrics.transactions.labels("aborted").inc()
             self.producer = self._new_producer()
             rewind(self.consumer, tasks, self.topics)
             result = None
@@ -209,10 +215,26 @@ class Processor:
         self.metrics.transactions.labels("committed" if committed else "aborted").inc()
         self.metrics.checkpoint_seconds.set(time.monotonic() - started)
         if committed:
+            self.fence_retries = 0
             self._update_gauges()
             log.debug("checkpoint committed: %d events, %d records, %.1f ms", result.events, result.records,
                       (time.monotonic() - started) * 1000)
         return committed
+
+    def _recover_from_fence(self, exc: ProducerFenced) -> None:
+        """Fenced: either another process runs with this worker slot (a misconfiguration: it owns the slot
+        now), or the broker fenced a fresh producer spuriously while aborting its crashed predecessor's open
+        transaction (seen with librdkafka 2.x on Kafka 4.x right after a restart). Recreating the producer,
+        after a pause, resolves the second; if the fence persists, the first is the case: stop."""
+        self.fence_retries += 1
+        if self.fence_retries > FENCE_RETRIES:
+            raise exc
+        pause_s = FENCE_BACKOFF_S * 2 ** (self.fence_retries - 1)
+        log.warning("%s; recreating the producer in %.1f s (attempt %d of %d). If this repeats, another worker "
+                    "runs with worker slot %r.", exc, pause_s, self.fence_retries, FENCE_RETRIES,
+                    self.config.worker_slot)
+        time.sleep(pause_s)
+        self.producer = self._new_producer()
 
     def _update_gauges(self) -> None:
         totals: dict[tuple[str, str], int] = {}

@@ -1,0 +1,152 @@
+"""Helpers for end-to-end tests of `settle run` against the real broker: run processors as separate
+processes (so they can be killed, paused and resumed), read topics back read_committed, and fold the
+committed input offline, partition by partition, for comparison."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from processors.replay import Input, ledger_snapshot, replay
+from projections.store import RocksStore
+from schemas.codec import CodecError, default_codec
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class ProcessorProcess:
+    def __init__(self, kafka_topics, state_dir: Path, log_path: Path, *, slot: str, group: str,
+                 extra_env: dict | None = None, extra_args: tuple = ()) -> None:
+        self.log_path = log_path
+        args = [sys.executable, "-m", "processors.cli", "run", "--bootstrap-servers", kafka_topics.bootstrap_servers,
+                "--topic-prefix", kafka_topics.prefix, "--state-dir", str(state_dir), "--group-id", group,
+                "--worker-slot", slot, "--tick-interval-ms", "0", "--session-timeout-ms", "6000",
+                "--commit-interval-ms", "100", *extra_args]
+        env = {**os.environ, **(extra_env or {})}
+        self.log = open(log_path, "ab")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self, timeout_s: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout_s)
+        self.log.close()
+        return code
+
+    def wait(self, timeout_s: float) -> int:
+        return self.proc.wait(timeout_s)
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def read_partitions(bootstrap: str, topic: str, decode: bool = True) -> dict[int, list]:
+    """Every committed record of a topic, per partition in offset order: (offset, key, value or decoded)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-reader", "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "enable.partition.eof": True})
+    codec = default_codec()
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, -2) for p in partitions])
+        records: dict[int, list] = defaultdict(list)
+        pending = set(partitions)
+        deadline = time.monotonic() + 120
+        while pending and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=5_000, timeout=1.0):
+                if message.error():
+                    if message.error().code() == KafkaError._PARTITION_EOF:
+                        pending.discard(message.partition())
+                        continue
+                    raise AssertionError(message.error().str())
+                value = codec.decode(message.value())[1] if decode else message.value()
+                records[message.partition()].append((message.offset(), message.key(), value))
+        assert not pending, f"{topic}: partitions {pending} never reached their end"
+        return dict(records)
+    finally:
+        consumer.close()
+
+
+def count_records(bootstrap: str, topic: str) -> int:
+    return sum(len(v) for v in read_partitions(bootstrap, topic, decode=False).values())
+
+
+def offline(bootstrap: str, kafka_topics, stores_dir: Path | None = None):
+    """Fold the committed input topic offline, partition by partition: (results, releases, ledgers) keyed
+    by partition, exactly as `settle replay` would fold each partition."""
+    codec = default_codec()
+    inputs = read_partitions(bootstrap, kafka_topics.name("branch-events"), decode=False)
+    results, releases, ledgers, dead = {}, {}, {}, {}
+    for partition, records in inputs.items():
+        items = []
+        for offset, _, value in records:
+            try:
+                items.append(Input(offset, codec.decode_event(value)))
+            except CodecError as exc:
+                items.append(Input(offset, None, str(exc)))
+        result, store = replay(items, codec=codec, partition=partition)
+        results[partition] = [(r["event_id"], r["result"], r["input_offset"]) for r in result.outputs.results]
+        releases[partition] = [_release(r) for r in result.outputs.releases]
+        ledgers[partition] = ledger_snapshot(store, codec)
+        dead[partition] = [letter["offset"] for letter in result.dead_letters]
+    return results, releases, ledgers, dead
+
+
+def _release(r: dict) -> tuple:
+    return (r["release_key"], r["parent_id"], r["child_id"], r["dimension"], r["quantity"], r["destination"],
+            r["input_offset"])
+
+
+def published(bootstrap: str, kafka_topics):
+    """What the processors committed: results and releases per partition, in offset order."""
+    results = {p: [(r["event_id"], r["result"], r["input_offset"]) for _, _, r in recs]
+               for p, recs in read_partitions(bootstrap, kafka_topics.name("settlement-results")).items()}
+    releases = {p: [_release(r) for _, _, r in recs if "release_key" in r]
+                for p, recs in read_partitions(bootstrap, kafka_topics.name("capacity-releases")).items()}
+    dead = {p: [r["offset"] for _, _, r in recs]
+            for p, recs in read_partitions(bootstrap, kafka_topics.name("branch-events-dlq")).items()}
+    return results, releases, dead
+
+
+def wait_for_results(bootstrap: str, kafka_topics, expected: int, timeout_s: float, procs=()) -> None:
+    """Until `expected` results are committed (or a processor died, or time ran out)."""
+    deadline = time.monotonic() + timeout_s
+    seen = 0
+    while time.monotonic() < deadline:
+        seen = count_records(bootstrap, kafka_topics.name("settlement-results"))
+        if seen >= expected:
+            return
+        for proc in procs:
+            if proc.proc.poll() is not None:
+                raise AssertionError(f"processor exited with {proc.proc.returncode}:\n{proc.output()[-3000:]}")
+        time.sleep(1)
+    raise AssertionError(f"only {seen} of {expected} results committed in {timeout_s} s")
+
+
+def projection_ledgers(state_dir: Path, group: str) -> dict[int, dict]:
+    codec = default_codec()
+    ledgers = {}
+    for path in sorted((state_dir / group).glob("partition-*")):
+        store = RocksStore(path, read_only=True)
+        try:
+            ledgers[int(path.name.split("-")[1])] = ledger_snapshot(store, codec)
+        finally:
+            store.close()
+    return ledgers
+
+
+def non_empty(per_partition: dict) -> dict:
+    return {p: v for p, v in per_partition.items() if v}

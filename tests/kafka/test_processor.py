@@ -1,0 +1,193 @@
+"""`settle run` end to end against the real broker: exactly once through duplicates, kill -9, crash points,
+rebalances, a zombie and a deleted projection. Every test compares what the processors committed with the
+committed input folded offline, partition by partition."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from processors.workload import write_jsonl
+from tests.kafka.pipeline import (REPO, ProcessorProcess, count_records, non_empty, offline, projection_ledgers,
+                                  published, read_partitions, wait_for_results)
+
+pytestmark = pytest.mark.kafka
+
+GARBAGE = [b"not avro at all", b"\xc3\x01" + b"\x00" * 8 + b"unknown fingerprint", b""]
+
+
+def produce_file(kafka_topics, path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "processors.cli", "produce", str(path), "--bootstrap-servers",
+                           kafka_topics.bootstrap_servers, "--topic-prefix", kafka_topics.prefix],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def produce_workload(kafka_topics, tmp_path: Path, events: int, seed: int) -> int:
+    """Publish a seeded workload (5% duplicate deliveries) plus undecodable records; return how many input
+    records the processors will fold into results."""
+    path = tmp_path / "workload.jsonl"
+    write_jsonl(str(path), seed, events)
+    run = produce_file(kafka_topics, path)
+    assert run.returncode in (0, 1), run.stderr  # 1: the workload's malformed lines were refused, as they must be
+    assert "published" in run.stdout
+    producer = Producer({"bootstrap.servers": kafka_topics.bootstrap_servers})
+    for i, raw in enumerate(GARBAGE):
+        producer.produce(kafka_topics.name("branch-events"), value=raw, key=f"garbage-{i}".encode())
+    assert producer.flush(30) == 0
+    total = count_records(kafka_topics.bootstrap_servers, kafka_topics.name("branch-events"))
+    return total - len(GARBAGE)
+
+
+def assert_exactly_once(kafka_topics) -> None:
+    bootstrap = kafka_topics.bootstrap_servers
+    want_results, want_releases, _, want_dead = offline(bootstrap, kafka_topics)
+    got_results, got_releases, got_dead = published(bootstrap, kafka_topics)
+    keys = [r[0] for recs in got_releases.values() for r in recs]
+    assert len(keys) == len(set(keys)), "a release was published twice"
+    assert non_empty(got_results) == non_empty(want_results)
+    assert non_empty(got_releases) == non_empty(want_releases)
+    assert non_empty(got_dead) == non_empty(want_dead)
+
+
+def test_worked_example_end_to_end(kafka_topics, tmp_path: Path, worked_example: Path) -> None:
+    proc = ProcessorProcess(kafka_topics, tmp_path / "state", tmp_path / "run.log", slot="a", group="g")
+    try:
+        run = produce_file(kafka_topics, worked_example)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.startswith("published 15 events")
+        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, 13 + 2 * 8, 90, [proc])
+    finally:
+        assert proc.stop() == 0, proc.output()[-3000:]
+    bootstrap = kafka_topics.bootstrap_servers
+    results = [r for recs in read_partitions(bootstrap, kafka_topics.name("settlement-results")).values()
+               for _, _, r in recs if r["parent_id"] == "wf-42"]
+    assert {r["event_id"]: r["result"] for r in results} == {
+        **{f"we-{i:02d}": "ok" for i in range(2, 13)}, "we-dup": "duplicate", "we-14": "ok"}
+    releases = [(r["child_id"], r["quantity"], r["destination"])
+                for recs in read_partitions(bootstrap, kafka_topics.name("capacity-releases")).values()
+                for _, _, r in recs]
+    assert releases == [("B", 8, "parent"), ("C", 20, "parent"), ("D", 15, "parent")]
+    [ledger] = [led for led in projection_ledgers(tmp_path / "state", "g").values() if led["parents"]]
+    tokens = ledger["parents"]["wf-42"]["dimensions"]["tokens"]
+    assert (tokens["committed"], tokens["outstanding"], tokens["pending"], tokens["available"]) == (37, 0, 0, 63)
+    inspect = subprocess.run([sys.executable, "-m", "processors.cli", "inspect", "wf-42", "--state-dir",
+                              str(tmp_path / "state"), "--group-id", "g"], capture_output=True, text=True, cwd=REPO)
+    assert inspect.returncode == 0 and "wf-42 (open)" in inspect.stdout, inspect.stderr
+    assert_exactly_once(kafka_topics)
+
+
+def test_workload_with_duplicates_matches_the_offline_fold(kafka_topics, tmp_path: Path) -> None:
+    expected = produce_workload(kafka_topics, tmp_path, 20_000, seed=11)
+    proc = ProcessorProcess(kafka_topics, tmp_path / "state", tmp_path / "run.log", slot="a", group="g")
+    try:
+        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, expected, 300, [proc])
+    finally:
+        assert proc.stop() == 0, proc.output()[-3000:]
+    assert_exactly_once(kafka_topics)
+    want_ledgers = offline(kafka_topics.bootstrap_servers, kafka_topics)[2]
+    got_ledgers = projection_ledgers(tmp_path / "state", "g")
+    assert {p: l for p, l in got_ledgers.items() if l["parents"]} == {p: l for p, l in want_ledgers.items()
+                                                                      if l["parents"]}
+
+
+def test_kill_9_mid_stream_loses_nothing_and_repeats_nothing(kafka_topics, tmp_path: Path) -> None:
+    expected = produce_workload(kafka_topics, tmp_path, 20_000, seed=12)
+    log = tmp_path / "run.log"
+    for fraction in (0.2, 0.4, 0.6):
+        proc = ProcessorProcess(kafka_topics, tmp_path / "state", log, slot="a", group="g")
+        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, int(expected * fraction), 300, [proc])
+        proc.kill()
+    proc = ProcessorProcess(kafka_topics, tmp_path / "state", log, slot="a", group="g")
+    try:
+        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, expected, 300, [proc])
+    finally:
+        assert proc.stop() == 0, proc.output()[-3000:]
+    assert_exactly_once(kafka_topics)
+
+
+@pytest.mark.parametrize("point", ["after_produce:4", "after_send_offsets:4", "after_commit:4"])
+def test_crash_at_each_step_of_the_commit_sequence(kafka_topics, tmp_path: Path, point: str) -> None:
+    expected = produce_workload(kafka_topics, tmp_path, 4_000, seed=13)
+    log = tmp_path / "run.log"
+    crashing = ProcessorProcess(kafka_topics, tmp_path / "state", log, slot="a", group="g",
+                                extra_env={"SETTLE_CRASH_AT": point}, extra_args=("--commit-events", "200"))
+    assert crashing.wait(120) == 137, crashing.output()[-3000:]
+    assert f"crash point {point.split(':')[0]} reached" in crashing.output()
+    proc = ProcessorProcess(kafka_topics, tmp_path / "state", log, slot="a", group="g")
+    try:
+        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, expected, 300, [proc])
+    finally:
+        assert proc.stop() == 0, proc.output()[-3000:]
+    assert_exactly_once(kafka_topics)
+
+
+def test_two_instances_with_one_bounced(kafka_topics, tmp_path: Path) -> None:
+    expected = produce_workload(kafka_topics, tmp_path, 20_000, seed=14)
+    a = ProcessorProcess(kafka_topics, tmp_path / "a", tmp_path / "a.log", slot="a", group="g")
+    b = ProcessorProcess(kafka_topics, tmp_path / "b", tmp_path / "b.log", slot="b", group="g")
+    try:
+        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, int(expected * 0.3), 300, [a, b])
+        assert b.stop() == 0, b.output()[-3000:]
+        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, int(expected * 0.6), 300, [a])
+        b = ProcessorProcess(kafka_topics, tmp_path / "b", tmp_path / "b.log", slot="b", group="g")
+        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, expected, 300, [a, b])
+    finally:
+        assert b.stop() == 0, b.output()[-3000:]
+        assert a.stop() == 0, a.output()[-3000:]
+    assert "revoked partitions" in a.output()
+    assert_exactly_once(kafka_topics)
+
+
+def test_a_zombie_commits_nothing(kafka_topics, tmp_path: Path) -> None:
+    expected = produce_workload(kafka_topics, tmp_path, 10_000, seed=15)
+    zombie = ProcessorProcess(kafka_topics, tmp_path / "a", tmp_path / "a.log", slot="a", group="g",
+                              extra_args=("--transaction-timeout-ms", "10000"))
+    successor = None
+    try:
+        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, int(expected * 0.2), 300, [zombie])
+        zombie.signal(signal.SIGSTOP)
+        before = count_records(kafka_topics.bootstrap_servers, kafka_topics.name("settlement-results"))
+        successor = ProcessorProcess(kafka_topics, tmp_path / "b", tmp_path / "b.log", slot="b", group="g")
+        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, expected, 300, [successor])
+        assert before < expected
+        zombie.signal(signal.SIGCONT)
+        time.sleep(8)  # the zombie wakes up with buffered work and tries to go on
+        assert count_records(kafka_topics.bootstrap_servers, kafka_topics.name("settlement-results")) == expected
+    finally:
+        zombie.signal(signal.SIGCONT)
+        if successor is not None:
+            assert successor.stop() == 0, successor.output()[-3000:]
+        zombie.stop()
+    assert_exactly_once(kafka_topics)
+
+
+def test_a_deleted_projection_is_restored_from_the_changelog(kafka_topics, tmp_path: Path) -> None:
+    expected = produce_workload(kafka_topics, tmp_path, 5_000, seed=16)
+    state = tmp_path / "state"
+    proc = ProcessorProcess(kafka_topics, state, tmp_path / "run.log", slot="a", group="g")
+    try:
+        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, expected, 300, [proc])
+    finally:
+        assert proc.stop() == 0
+    before = projection_ledgers(state, "g")
+    shutil.rmtree(state)
+    proc = ProcessorProcess(kafka_topics, state, tmp_path / "run.log", slot="a", group="g")
+    try:
+        deadline = time.monotonic() + 120
+        while "assigned partitions" not in proc.output().split("stopped cleanly")[-1]:
+            assert time.monotonic() < deadline and proc.proc.poll() is None, proc.output()[-3000:]
+            time.sleep(0.5)
+    finally:
+        assert proc.stop() == 0
+    assert "changelog records applied" in proc.output()
+    assert projection_ledgers(state, "g") == before
+    want = offline(kafka_topics.bootstrap_servers, kafka_topics)[2]
+    assert {p: l for p, l in before.items() if l["parents"]} == {p: l for p, l in want.items() if l["parents"]}
