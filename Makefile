@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	@touch $(STAMP)
 
-demo: install
-	$(BIN)/settle replay $(SHARED)/examples/worked-example.jsonl
+demo: install kafka-up
+	SHARED_DIR=$(SHARED) $(BIN)/python -m processors.kafka.demo
 
 test: install kafka-up
 	SHARED_DIR=$(SHARED) $(BIN)/pytest
