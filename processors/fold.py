@@ -28,7 +28,7 @@ from projections import model
 from projections.view import LedgerView
 
 # Fields that describe a delivery, not the settlement: left out of the payload comparison (SPEC §10).
-DELIVERY_FIELDS = frozenset({"event_id", "occurred_at_ms"})
+DELIVERY_FIELDS = ("event_id", "occurred_at_ms")
 
 ID_FIELDS = {
     "ParentReserved": (),
@@ -55,10 +55,18 @@ PARENT_OUTCOMES = frozenset({"succeeded", "failed", "cancelled"})
 RESOLUTIONS = frozenset({"late_report", "operator"})
 
 
+# The payload's canonical form: JSON with keys sorted at every level, so equal payloads give equal bytes
+# whatever their key order. Stored digests were made with exactly these options: changing them would turn
+# every redelivery of an event applied before the change into an `idempotency_conflict`. Made once, because
+# json.dumps with options builds a new encoder per call; no cycle check, since a decoded event is a tree.
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, check_circular=False)
+
+
 def payload_digest(event: dict) -> bytes:
-    payload = {k: v for k, v in event.items() if k not in DELIVERY_FIELDS}
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.blake2b(canonical.encode(), digest_size=16).digest()
+    payload = dict(event)
+    for field in DELIVERY_FIELDS:
+        payload.pop(field, None)
+    return hashlib.blake2b(_CANONICAL_JSON.encode(payload).encode(), digest_size=16).digest()
 
 
 def _bad_id(value) -> bool:
