@@ -1,0 +1,211 @@
+"""`settle replay` (a file or the topic) and `settle export` (a topic range to an Avro file)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import datetime, timezone
+
+from processors.errors import SettlementError
+
+EXIT_AGREES = 0
+EXIT_DIVERGES = 1
+MAX_DIVERGENCES_SHOWN = 50
+
+
+def add_parsers(commands) -> None:
+    p = commands.add_parser(
+        "replay", help="fold events from a file or from the topic; against the topic, compare with the outputs",
+        description="Fold events through the same fold as the processor. From a FILE (JSON Lines in the SPEC §12 "
+                    "JSON form, an Avro container of events, or a `settle export` file) no broker is needed; "
+                    "undecodable lines become dead letters with their line number and the replay goes on. "
+                    "With --topic branch-events it re-folds the topic into fresh projections (the live one is "
+                    "never touched), compares every derived result, release, audit record and dead letter with "
+                    "what the processors committed, and the final ledgers with the live projections "
+                    "(--state-dir); it reports each divergence with its topic, partition and offset and exits "
+                    "0 when everything agrees, 1 when anything diverges.")
+    p.add_argument("file", nargs="?", help="events: .jsonl, an Avro container file, or a `settle export` file")
+    p.add_argument("--topic", metavar="NAME", help="replay the topic instead of a file (logical name: branch-events)")
+    p.add_argument("--json", action="store_true",
+                   help="print the ledger and every output as one JSON document (stable bytes)")
+    p.add_argument("--store", metavar="DIR",
+                   help="fold a file into a RocksDB projection at DIR (must not exist yet) instead of memory")
+    p.add_argument("--checkpoint-events", type=int, default=10_000, metavar="N",
+                   help="write the projection every N events (default: %(default)s)")
+    _add_topic_arguments(p)
+    p.add_argument("--from-offset", type=int, default=0, metavar="N",
+                   help="compare only outputs of input offsets >= N (the fold always starts at the beginning)")
+    p.add_argument("--to-offset", type=int, default=sys.maxsize, metavar="N",
+                   help="compare only outputs of input offsets <= N")
+    p.add_argument("--from-time", metavar="TIME", help="like --from-offset, as a time (ISO 8601 or epoch ms)")
+    p.add_argument("--to-time", metavar="TIME", help="like --to-offset, as a time (ISO 8601 or epoch ms)")
+    p.add_argument("--state-dir", help="the processor's state directory: compare the final ledgers with its "
+                                       "projections (stop or drain the processor first)")
+    p.add_argument("--group-id", default=os.environ.get("SETTLE_GROUP_ID", "branch-settlement"),
+                   help="the processor's consumer group (default %(default)s)")
+    p.set_defaults(run=run_replay)
+
+    e = commands.add_parser(
+        "export", help="write the committed input topic to an Avro container file, for an audit away from Kafka",
+        description="Write every committed record of branch-events (selected partitions) with its partition and "
+                    "offset to an Avro object container file (undecodable records keep their bytes and the "
+                    "reason). `settle replay FILE` then folds it exactly as `settle replay --topic` would.")
+    e.add_argument("-o", "--output", required=True, metavar="FILE.avro")
+    e.add_argument("--topic", default="branch-events", metavar="NAME", help="logical topic name (default %(default)s)")
+    _add_topic_arguments(e)
+    e.set_defaults(run=run_export)
+
+
+def _add_topic_arguments(p: argparse.ArgumentParser) -> None:
+    from processors.kafka import connection
+
+    p.add_argument("--partitions", metavar="P[,P...]", help="only these partitions (default: all)")
+    p.add_argument("--topic-prefix", default=os.environ.get("SETTLE_TOPIC_PREFIX", ""),
+                   help="prefix of the topic names (env SETTLE_TOPIC_PREFIX)")
+    p.add_argument("--topic-spec", default=os.environ.get("SETTLE_TOPIC_SPEC", ""), help="topic spec file")
+    connection.add_connection_arguments(p)
+
+
+def _partitions(value: str | None) -> list[int] | None:
+    if not value:
+        return None
+    try:
+        return sorted({int(x) for x in value.split(",")})
+    except ValueError:
+        raise SettlementError(f"--partitions {value!r}: expected numbers separated by commas") from None
+
+
+def _time_ms(value: str) -> int:
+    if value.isdigit():
+        return int(value)
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise SettlementError(f"{value!r} is neither epoch milliseconds nor an ISO 8601 time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    if bool(args.file) == bool(args.topic):
+        raise SettlementError("give either FILE or --topic NAME")
+    if args.checkpoint_events < 1:
+        raise SettlementError("--checkpoint-events must be >= 1")
+    return _replay_topic(args) if args.topic else _replay_file(args)
+
+
+def _replay_file(args: argparse.Namespace) -> int:
+    from processors import partitioned
+    from processors import replay as rp
+    from processors.report import print_summary
+    from projections.store import MemoryStore, RocksStore
+    from schemas.codec import default_codec
+
+    if not os.path.isfile(args.file):
+        raise SettlementError(f"no such file: {args.file}")
+    codec = default_codec()
+    if partitioned.is_export(args.file):
+        folded = partitioned.replay_partitions(partitioned.read_export(args.file, codec), codec)
+        _print_partitioned(folded, codec, args.json)
+        return EXIT_AGREES
+    if args.store and os.path.exists(args.store):
+        raise SettlementError(f"--store {args.store} already exists: replay folds into a fresh projection")
+    store = RocksStore(args.store) if args.store else MemoryStore()
+    try:
+        result, store = rp.replay(rp.read_events(args.file, codec), store, codec=codec,
+                                  checkpoint_events=args.checkpoint_events)
+        if args.json:
+            sys.stdout.write(json.dumps(rp.replay_document(result, store, codec), indent=2, ensure_ascii=False) + "\n")
+        else:
+            print_summary(result, rp.ledger_snapshot(store, codec), sys.stdout)
+    finally:
+        store.close()
+    return EXIT_AGREES
+
+
+def _print_partitioned(folded: dict, codec, as_json: bool) -> None:
+    from processors import partitioned
+    from processors.replay import ledger_snapshot
+    from processors.report import print_summary
+
+    if as_json:
+        doc = partitioned.merged_document(folded, codec)
+        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+        return
+    for partition, (result, store) in folded.items():
+        sys.stdout.write(f"=== partition {partition}\n")
+        print_summary(result, ledger_snapshot(store, codec), sys.stdout)
+
+
+def _names(args: argparse.Namespace) -> dict[str, str]:
+    from processors.kafka.commands import topic_names
+
+    names = topic_names(args.topic_prefix, args.topic_spec)
+    if args.topic not in names:
+        raise SettlementError(f"--topic {args.topic!r}: expected one of the spec's topics ({', '.join(names)})")
+    if args.topic != "branch-events":
+        raise SettlementError("only the input topic, branch-events, can be replayed")
+    return names
+
+
+def _replay_topic(args: argparse.Namespace) -> int:
+    from processors.kafka import connection
+    from processors.kafka import topic_replay as tr
+    from processors.replay_cli_ledgers import live_ledgers
+    from schemas.codec import default_codec
+
+    names = _names(args)
+    client = connection.config_from_args(args)
+    codec = default_codec()
+    partitions = _partitions(args.partitions)
+    if partitions is None:
+        partitions = tr.partitions_of(client, names["branch-events"])
+    low, high = args.from_offset, args.to_offset
+    if args.from_time or args.to_time:
+        if len(partitions) != 1:
+            raise SettlementError("--from-time/--to-time select offsets of one partition: give --partitions P")
+        if args.from_time:
+            low = tr.offsets_for_time(client, names["branch-events"], partitions, _time_ms(args.from_time))[partitions[0]]
+        if args.to_time:
+            high = tr.offsets_for_time(client, names["branch-events"], partitions, _time_ms(args.to_time))[partitions[0]] - 1
+    live = live_ledgers(args.state_dir, args.group_id, partitions) if args.state_dir else None
+    report = tr.audit_replay(client, names, codec, partitions=partitions, offset_range=(low, high),
+                             live_ledgers=live)
+    if args.json:
+        _print_partitioned(report.folded, codec, True)
+    rate = report.events / report.seconds if report.seconds else 0
+    out = sys.stderr if args.json else sys.stdout
+    out.write(f"replayed {report.events:,} input records of {names['branch-events']} partitions "
+              f"{','.join(map(str, report.partitions))} in {report.seconds:.2f} s ({rate:,.0f}/s); compared "
+              f"{report.compared:,} outputs" + (" and the live ledgers" if live else "") + "\n")
+    if report.agrees:
+        out.write("AGREES: every output and ledger matches the replay\n")
+        return EXIT_AGREES
+    out.write(f"DIVERGES: {len(report.divergences)} divergences\n")
+    for divergence in report.divergences[:MAX_DIVERGENCES_SHOWN]:
+        out.write(divergence.describe() + "\n")
+    if len(report.divergences) > MAX_DIVERGENCES_SHOWN:
+        out.write(f"... and {len(report.divergences) - MAX_DIVERGENCES_SHOWN} more\n")
+    return EXIT_DIVERGES
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from processors import partitioned
+    from processors.kafka import connection
+    from processors.kafka import topic_replay as tr
+    from schemas.codec import default_codec
+
+    names = _names(args)
+    client = connection.config_from_args(args)
+    codec = default_codec()
+    topic = names["branch-events"]
+    partitions = _partitions(args.partitions) or tr.partitions_of(client, topic)
+    raw = tr.read_committed(client, topic, partitions)
+    records = (partitioned.decode_record(codec, p, offset, value) for p, recs in raw.items()
+               for offset, _, value in recs)
+    count = partitioned.write_export(args.output, records, codec)
+    print(f"exported {count:,} records of {topic} partitions {','.join(map(str, partitions))} to {args.output}")
+    return 0

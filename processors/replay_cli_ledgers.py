@@ -1,0 +1,28 @@
+"""The live projections' ledgers, read-only, for comparison with a replay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from processors.errors import SettlementError
+from processors.replay import ledger_snapshot
+from projections.store import RocksStore
+from schemas.codec import default_codec
+
+
+def live_ledgers(state_dir: str, group_id: str, partitions: list[int]) -> dict[int, dict]:
+    root = Path(state_dir) / group_id
+    if not root.is_dir():
+        raise SettlementError(f"no projections under {root}: is --state-dir/--group-id the processor's?")
+    codec = default_codec()
+    ledgers = {}
+    for partition in partitions:
+        path = root / f"partition-{partition}"
+        if not path.exists():
+            continue
+        store = RocksStore(path, read_only=True)
+        try:
+            ledgers[partition] = ledger_snapshot(store, codec)
+        finally:
+            store.close()
+    return ledgers

@@ -1,0 +1,118 @@
+"""Audit replay against the topics (`settle replay --topic`) and from an export file (`settle export`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from processors.kafka import topics
+from schemas.codec import default_codec
+from tests.kafka.pipeline import REPO, ProcessorProcess, read_partitions, wait_for_results
+from tests.kafka.test_processor import produce_workload
+
+pytestmark = pytest.mark.kafka
+
+
+def settle(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "processors.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=600)
+
+
+@pytest.fixture
+def processed(kafka_topics, tmp_path: Path):
+    """A committed run of a 5k-event workload, the processor stopped afterwards."""
+    expected = produce_workload(kafka_topics, tmp_path, 5_000, seed=21)
+    proc = ProcessorProcess(kafka_topics, tmp_path / "state", tmp_path / "run.log", slot="a", group="g")
+    try:
+        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, expected, 300, [proc])
+    finally:
+        assert proc.stop() == 0, proc.output()[-3000:]
+    return tmp_path / "state"
+
+
+def test_replay_of_a_clean_run_agrees(kafka_topics, processed: Path) -> None:
+    run = settle("replay", "--topic", "branch-events", "--topic-prefix", kafka_topics.prefix, "--bootstrap-servers",
+                 kafka_topics.bootstrap_servers, "--state-dir", str(processed), "--group-id", "g")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "AGREES" in run.stdout and "and the live ledgers" in run.stdout
+
+
+def copy_with_tampering(kafka_topics, admin, prefix: str):
+    """Copy every topic to `prefix`, altering one release, removing one, injecting one; return where."""
+    spec = topics.load_spec(prefix=prefix)
+    topics.apply(admin, spec)
+    codec = default_codec()
+    producer = Producer({"bootstrap.servers": kafka_topics.bootstrap_servers})
+    offsets: dict[str, tuple] = {}
+    done: set[str] = set()  # decided when produced; `offsets` is filled when delivered
+
+    def remember(label):
+        def delivered(err, msg):
+            assert err is None
+            offsets[label] = (msg.partition(), msg.offset())
+        return delivered
+
+    for logical in ("branch-events", "settlement-results", "settlement-audit", "branch-events-dlq",
+                    "capacity-releases"):
+        source = read_partitions(kafka_topics.bootstrap_servers, kafka_topics.name(logical), decode=False)
+        target = spec.topic(logical).name
+        for p, records in source.items():
+            releases = 0
+            for _, key, value in records:
+                if logical == "capacity-releases":
+                    kind, record = codec.decode(value)
+                    if kind == "CapacityReleased":
+                        releases += 1
+                        if releases == 3 and "altered" not in done:
+                            done.add("altered")
+                            record = dict(record, quantity=record["quantity"] + 1)
+                            producer.produce(target, codec.encode(kind, record), key, partition=p,
+                                             on_delivery=remember("altered"))
+                            continue
+                        if releases == 5 and "removed" not in done:
+                            done.add("removed")
+                            offsets["removed"] = (p, record["input_offset"])
+                            continue
+                        if releases == 7 and "injected" not in done:
+                            done.add("injected")
+                            producer.produce(target, value, key, partition=p)
+                            producer.produce(target, value, key, partition=p, on_delivery=remember("injected"))
+                            continue
+                producer.produce(target, value, key, partition=p)
+            producer.flush(60)
+    assert {"altered", "removed", "injected"} <= set(offsets)
+    return offsets
+
+
+def test_a_tampered_copy_is_detected_and_pinpointed(kafka_topics, kafka_admin, processed: Path) -> None:
+    prefix = kafka_topics.prefix + "tampered."
+    where = copy_with_tampering(kafka_topics, kafka_admin, prefix)
+    run = settle("replay", "--topic", "branch-events", "--topic-prefix", prefix, "--bootstrap-servers",
+                 kafka_topics.bootstrap_servers)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "DIVERGES: 3 divergences" in run.stdout, run.stdout
+    releases = f"{prefix}capacity-releases"
+    p, offset = where["altered"]
+    assert f"different {releases}[{p}]@{offset}" in run.stdout
+    p, input_offset = where["removed"]
+    assert f"missing   {releases}[{p}] (input offset {input_offset})" in run.stdout
+    p, offset = where["injected"]
+    assert f"extra     {releases}[{p}]@{offset}" in run.stdout
+
+
+def test_replay_from_an_export_equals_replay_from_the_topic(kafka_topics, processed: Path, tmp_path: Path) -> None:
+    common = ("--topic-prefix", kafka_topics.prefix, "--bootstrap-servers", kafka_topics.bootstrap_servers)
+    export = settle("export", "-o", str(tmp_path / "events.avro"), *common)
+    assert export.returncode == 0, export.stderr
+    from_topic = settle("replay", "--topic", "branch-events", "--json", *common)
+    from_file = settle("replay", str(tmp_path / "events.avro"), "--json")
+    assert from_topic.returncode == 0 and from_file.returncode == 0, from_topic.stderr + from_file.stderr
+    assert from_file.stdout == from_topic.stdout
+    doc = json.loads(from_file.stdout)
+    assert doc["results"] and doc["releases"]
+    assert len(doc["dead_letters"]) == 3  # the undecodable records, with their partition and offset
