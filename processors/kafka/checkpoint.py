@@ -9,7 +9,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from processors.kafka import faults
 from processors.kafka.errors import KafkaFailure
-from processors.kafka.partition import PartitionTask
+from processors.kafka.partition import INPUT_POSITION_KEY, PartitionTask
 from schemas.codec import Codec
 
 log = logging.getLogger("settle.checkpoint")
@@ -27,14 +27,22 @@ FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED} |
 
 
 class ProducerFenced(KafkaFailure):
-    """Another process started with this worker's transactional.id: it owns the slot now. Raised by the
-    checkpoint; the processor stops without committing anything more. Operator: give every worker its own
-    worker_slot (SETTLE_WORKER_SLOT); two processes with one slot fence each other."""
+    """Another process started with this worker's transactional.id, or the broker fenced a fresh producer
+    while aborting its crashed predecessor's transaction. Raised by the checkpoint before anything was
+    committed; the work was discarded. The processor recreates its producer a few times, then stops.
+    Operator: give every worker its own worker_slot (SETTLE_WORKER_SLOT)."""
 
 
 class FatalProducerError(KafkaFailure):
-    """librdkafka declared the transactional producer unusable. Raised by the checkpoint after the work was
-    discarded; the processor recreates its producer and restores. Operator: read the error code."""
+    """librdkafka declared the transactional producer unusable before the commit was attempted. Raised by
+    the checkpoint after the work was discarded; the processor recreates its producer and replays."""
+
+
+class CommitOutcomeUnknown(KafkaFailure):
+    """The commit was sent but neither confirmed nor cleanly aborted (e.g. a coordinator failover during
+    EndTxn): the transaction may have committed. Raised by the checkpoint; the processor must not trust
+    its in-memory state: it recreates the producer (which settles the pending transaction) and reloads
+    every partition from the committed offsets and the changelog."""
 
 
 @dataclass
@@ -44,31 +52,61 @@ class CheckpointResult:
     records: int = 0
 
 
+@dataclass
+class _Record:
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes | None
+
+
 def _kafka_error(exc: KafkaException) -> KafkaError | None:
     err = exc.args[0] if exc.args else None
     return err if isinstance(err, KafkaError) else None
+
+
+def encode_checkpoint(tasks: list[PartitionTask], ticks: list[tuple[int, bytes]], topics: dict[str, str],
+                      codec: Codec) -> tuple[list[_Record], dict[int, list]]:
+    """Everything the checkpoint will produce, encoded before the transaction begins (so an encoding
+    failure can never leave a transaction open), and each partition's store changes."""
+    records: list[_Record] = []
+    changes: dict[int, list] = {}
+    for task in tasks:
+        p = task.partition
+        for attr, topic, record_name in OUTPUT_ROUTES:
+            for record in getattr(task.out, attr):
+                records.append(_Record(topics[topic], p, record["parent_id"].encode(), codec.encode(record_name, record)))
+        for key, letter in task.dead_letters:
+            records.append(_Record(topics["branch-events-dlq"], p, key, codec.encode("DeadLetter", letter)))
+        task_changes = task.view.changes()
+        if task.position is not None:
+            # The input position travels with the ledger: a restore knows how far the changelog must go.
+            task_changes.append((INPUT_POSITION_KEY, b"%d" % task.position))
+        changes[p] = task_changes
+        records.extend(_Record(topics["ledger-changelog"], p, key, value) for key, value in task_changes)
+    records.extend(_Record(topics["branch-events"], p, None, value) for p, value in ticks)
+    return records, changes
 
 
 def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], ticks: list[tuple[int, bytes]],
                       topics: dict[str, str], codec: Codec, timeout_s: float) -> CheckpointResult:
     """Make the work buffered since the last checkpoint durable, exactly once, in this order:
 
-    1. begin a transaction;
-    2. produce every buffered output of every owned partition (results, releases and parent summaries,
-       audit records, dead letters) to the same partition number of its topic, the ledger changelog
-       (the view's encoded changes) to the same partition of `ledger-changelog`, and the due ticks to
-       the input topic;
-    3. flush, then send the input offsets with the consumer's group metadata (KIP-447: a zombie of an
-       older group generation is fenced here);
+    1. encode every output, dead letter, ledger change (with the partition's next input offset) and tick;
+    2. begin a transaction; produce the outputs to the same partition number of their topics, the ledger
+       changes to the same partition of `ledger-changelog`, the ticks to the input topic;
+    3. flush, then send the input offsets of every owned partition with the consumer's group metadata
+       (KIP-447: a zombie of an older group generation is fenced here, even for a checkpoint of ticks);
     4. commit the transaction (retried while librdkafka says the commit is retriable);
-    5. only then write each partition's RocksDB batch together with the offset of its last changelog
-       record, and forget the buffers.
+    5. only then forget the buffers and write each partition's RocksDB batch with the offset of its last
+       changelog record. A failing RocksDB write after the commit raises: restore repairs the store.
 
-    On an error that requires an abort: abort, discard every partition's uncommitted work and rewind the
-    consumer to the committed offsets; the caller goes on (returns committed=False). A fenced producer
-    raises ProducerFenced; an unusable one FatalProducerError (both after discarding the work).
+    Before the commit is attempted, an abortable error aborts, discards every partition's uncommitted work
+    and rewinds the consumer (returns committed=False); a fenced or unusable producer raises
+    ProducerFenced / FatalProducerError after discarding. If the commit was sent and its outcome is not
+    known, CommitOutcomeUnknown is raised.
     """
-    changes = {task.partition: task.view.changes() for task in tasks}
+    records, changes = encode_checkpoint(tasks, ticks, topics, codec)
     changelog_offsets: dict[int, int] = {}
     failures: list[KafkaError] = []
 
@@ -79,76 +117,79 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
             p = msg.partition()
             changelog_offsets[p] = max(changelog_offsets.get(p, -1), msg.offset())
 
-    offsets = [TopicPartition(topics["branch-events"], t.partition, t.position) for t in tasks
-               if t.position is not None]
-    records = 0
+    offsets = [TopicPartition(topics["branch-events"], t.partition,
+                              t.position if t.position is not None else t.committed_position)
+               for t in tasks if t.position is not None or t.committed_position >= 0]
     try:
         producer.begin_transaction()
-        for task in tasks:
-            records += _produce_outputs(producer, task, topics, codec, changes[task.partition], delivered)
-        for partition, value in ticks:
-            _produce(producer, topics["branch-events"], partition, None, value, delivered)
-        records += len(ticks)
+        for record in records:
+            _produce(producer, record, delivered)
         faults.crash_point("after_produce")
         producer.flush(timeout_s)
         if failures:
             raise KafkaException(failures[0])
+        faults.pause_point("before_send_offsets")
         if offsets:
             producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), timeout_s)
         faults.crash_point("after_send_offsets")
-        _commit(producer, timeout_s)
     except KafkaException as exc:
         _abort(producer, consumer, tasks, topics, exc, timeout_s)
         return CheckpointResult(committed=False)
+    try:
+        _commit(producer, consumer, tasks, topics, timeout_s)
+    except _Aborted:
+        return CheckpointResult(committed=False)
     faults.crash_point("after_commit")
-    events = 0
+    events = sum(len(task.out.results) for task in tasks)
     for task in tasks:
-        events += len(task.out.results)
         task_changes = changes[task.partition]
         if task_changes and task.partition not in changelog_offsets:
             raise KafkaFailure(f"partition {task.partition}: changelog committed without delivery reports")
-        task.committed(task_changes, changelog_offsets.get(task.partition))
-    return CheckpointResult(committed=True, events=events, records=records)
+        task.forget_committed()
+    for task in tasks:
+        task.write_committed(changes[task.partition], changelog_offsets.get(task.partition))
+    return CheckpointResult(committed=True, events=events, records=len(records))
 
 
-def _produce(producer: Producer, topic: str, partition: int, key: bytes | None, value: bytes | None,
-             on_delivery) -> None:
+def _produce(producer: Producer, record: _Record, on_delivery) -> None:
     while True:
         try:
-            producer.produce(topic, value=value, key=key, partition=partition, on_delivery=on_delivery)
+            producer.produce(record.topic, value=record.value, key=record.key, partition=record.partition,
+                             on_delivery=on_delivery)
             return
         except BufferError:
             producer.poll(0.05)  # the local queue is full: let deliveries drain
 
 
-def _produce_outputs(producer: Producer, task: PartitionTask, topics: dict[str, str], codec: Codec,
-                     changes: list, delivered) -> int:
-    p = task.partition
-    count = 0
-    for attr, topic, record_name in OUTPUT_ROUTES:
-        for record in getattr(task.out, attr):
-            _produce(producer, topics[topic], p, record["parent_id"].encode(), codec.encode(record_name, record),
-                     delivered)
-            count += 1
-    for key, letter in task.dead_letters:
-        _produce(producer, topics["branch-events-dlq"], p, key, codec.encode("DeadLetter", letter), delivered)
-        count += 1
-    for key, value in changes:
-        _produce(producer, topics["ledger-changelog"], p, key, value, delivered)
-        count += 1
-    return count
-
-
-def _commit(producer: Producer, timeout_s: float) -> None:
+def _commit(producer: Producer, consumer, tasks: list[PartitionTask], topics: dict[str, str],
+            timeout_s: float) -> None:
+    """Commit, retrying what librdkafka calls retriable. An error that requires an abort is aborted; if the
+    abort fails too, or the error is anything else, the outcome is unknown."""
     for attempt in range(COMMIT_RETRIES):
         try:
             producer.commit_transaction(timeout_s)
             return
         except KafkaException as exc:
             err = _kafka_error(exc)
-            if err is None or not err.retriable() or attempt == COMMIT_RETRIES - 1:
-                raise
-            log.warning("commit_transaction retriable error, retrying: %s", err.str())
+            if err is not None and err.retriable() and not err.txn_requires_abort() and attempt < COMMIT_RETRIES - 1:
+                log.warning("commit_transaction retriable error, retrying: %s", err.str())
+                continue
+            if err is not None and err.txn_requires_abort():
+                try:
+                    producer.abort_transaction(timeout_s)
+                except KafkaException as abort_exc:
+                    raise CommitOutcomeUnknown(f"commit failed ({err.str()}) and so did the abort "
+                                               f"({abort_exc}): the transaction may have committed") from exc
+                log.warning("commit_transaction failed and was aborted: %s", err.str())
+                for task in tasks:
+                    task.discard()
+                rewind(consumer, tasks, topics)
+                raise _Aborted() from exc
+            raise CommitOutcomeUnknown(f"commit_transaction failed: {exc}") from exc
+
+
+class _Aborted(Exception):
+    """Internal: the commit failed and was aborted cleanly."""
 
 
 def _abort(producer: Producer, consumer, tasks: list[PartitionTask], topics: dict[str, str],
@@ -156,7 +197,7 @@ def _abort(producer: Producer, consumer, tasks: list[PartitionTask], topics: dic
     err = _kafka_error(exc)
     for task in tasks:
         task.discard()
-    if err is not None and (err.code() in FENCED_CODES):
+    if err is not None and err.code() in FENCED_CODES:
         raise ProducerFenced(f"transactional producer fenced: {err.str()} ({err.name()})", code=err.name(),
                              fatal=True) from exc
     if err is not None and err.fatal():
@@ -175,12 +216,13 @@ def _abort(producer: Producer, consumer, tasks: list[PartitionTask], topics: dic
 
 
 def rewind(consumer, tasks: list[PartitionTask], topics: dict[str, str]) -> None:
-    """Seek every owned, running partition back to its last committed offset."""
+    """Seek every owned, running partition back to its last committed offset. A partition that cannot be
+    rewound would skip the discarded events: that raises (the processor then reloads its partitions)."""
     for task in tasks:
-        if task.stopped:
-            continue
+        if task.stopped or task.next_offset == task.committed_position:
+            continue  # nothing read since the last commit: nothing to re-read
+        task.next_offset = task.committed_position
         try:
             consumer.seek(TopicPartition(topics["branch-events"], task.partition, task.committed_position))
         except KafkaException as exc:
-            # Not fetching yet (just assigned): it will start from the committed offset anyway.
-            log.debug("seek partition %d: %s", task.partition, exc)
+            raise KafkaFailure.wrap(f"rewinding partition {task.partition} to {task.committed_position}", exc) from exc

@@ -13,6 +13,16 @@ from projections.view import LedgerView
 from schemas.codec import Codec
 
 
+# The next input offset the projection covers: written with every checkpoint's ledger changes, in the
+# changelog and in the store, so a restore knows when it has caught up with the committed offsets.
+INPUT_POSITION_KEY = keys.META + keys.SEP + b"input_position"
+
+
+def input_position(store) -> int | None:
+    raw = store.get(INPUT_POSITION_KEY)
+    return None if raw is None else int(raw)
+
+
 def store_path(state_dir: str, group_id: str, partition: int) -> Path:
     return Path(state_dir) / group_id / f"partition-{partition}"
 
@@ -30,6 +40,9 @@ class PartitionTask:
         self.position: int | None = None
         # Next input offset the group has committed: where to rewind after an abort.
         self.committed_position = committed_position
+        # Next input offset expected from the consumer: an older message (redelivered around a rebalance
+        # or a rewind) is dropped, never folded twice.
+        self.next_offset = committed_position
         self.stopped: str | None = None  # why, when an invariant violation stopped the partition
         self.last_tick_ms = 0
         self.capacity = self._capacity_from_store()
@@ -44,17 +57,21 @@ class PartitionTask:
         self.dead_letters.clear()
         self.position = None
 
-    def committed(self, changes: list, changelog_offset: int | None) -> None:
-        """The transaction committed: write the projection batch, then forget the buffers."""
-        if changes:
-            self._update_capacity(changes)
-            self.store.write(changes, changelog_offset)
+    def forget_committed(self) -> None:
+        """The transaction committed: the buffers are durable in Kafka, so nothing here may be committed
+        again, whatever happens next."""
         self.view.mark_committed()
         self.out.clear()
         self.dead_letters.clear()
         if self.position is not None:
             self.committed_position = self.position
         self.position = None
+
+    def write_committed(self, changes: list, changelog_offset: int | None) -> None:
+        """Then the projection batch, with the changelog offset it brings the store up to."""
+        if changes:
+            self._update_capacity(changes)
+            self.store.write(changes, changelog_offset)
 
     def close(self) -> None:
         self.store.close()

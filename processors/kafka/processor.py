@@ -15,7 +15,9 @@ from typing import Callable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processors.errors import InvariantViolation
-from processors.kafka.checkpoint import FatalProducerError, ProducerFenced, commit_checkpoint, rewind
+from processors.kafka.checkpoint import (CommitOutcomeUnknown, FatalProducerError, ProducerFenced,
+                                        commit_checkpoint, rewind)
+from processors.kafka.errors import KafkaFailure
 from processors.kafka.config import ProcessorConfig
 from processors.kafka.metrics import Metrics
 from processors.kafka.partition import PartitionTask, open_store
@@ -28,6 +30,7 @@ CONSUME_BATCH = 500
 IDLE_POLL_S = 0.05
 FENCE_RETRIES = 4
 FENCE_BACKOFF_S = 0.5
+COMMITTED_EXTRA_WAIT_S = 30.0  # beyond transaction.timeout.ms: the broker's abort of a timed-out transaction
 
 
 class Processor:
@@ -45,6 +48,7 @@ class Processor:
         self.producer: Producer | None = None
         self.consumer: Consumer | None = None
         self.fence_retries = 0
+        self.failed = False
 
     # -- clients ------------------------------------------------------------------------------------------
 
@@ -69,23 +73,49 @@ class Processor:
     # -- rebalance callbacks ------------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # The committed offsets first (stable: a pending transaction's offsets are waited for), then the
-        # changelog up to its end: everything those offsets cover is in the projection before folding.
-        committed = consumer.committed(partitions, timeout=max(self.config.session_timeout_ms / 1000, 30))
+        self._load_partitions(consumer, partitions)
+        log.info("assigned partitions %s", sorted(tp.partition for tp in partitions))
+
+    def _load_partitions(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """The committed offsets first (stable: librdkafka waits for pending transactional offsets under
+        read_committed), then each projection restored from the changelog until it covers them."""
+        committed = self._committed(consumer, partitions)
         stores = {tp.partition: open_store(self.config.state_dir, self.config.group_id, tp.partition)
                   for tp in committed}
         restore(stores, self.config.client_config(), self.topics["ledger-changelog"], self.config.group_id,
+                targets={tp.partition: tp.offset for tp in committed},
                 progress=lambda p, n: self.metrics.restore_records.labels(str(p)).set(n))
         for tp in committed:
             position = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             self.tasks[tp.partition] = PartitionTask(tp.partition, stores[tp.partition], self.codec, position)
             self.metrics.stopped.labels(str(tp.partition)).set(0)
-        log.info("assigned partitions %s", sorted(tp.partition for tp in partitions))
+
+    def _committed(self, consumer: Consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        # A crashed predecessor's pending offsets stay unstable until its transaction times out and the
+        # broker aborts it: wait for that, not for a fixed 30 s.
+        budget_s = self.config.transaction_timeout_ms / 1000 + COMMITTED_EXTRA_WAIT_S
+        deadline = time.monotonic() + budget_s
+        while True:
+            try:
+                committed = consumer.committed(partitions, timeout=max(deadline - time.monotonic(), 1))
+                break
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if time.monotonic() >= deadline or not (isinstance(err, KafkaError) and err.retriable()
+                                                        or getattr(err, "code", lambda: None)() == KafkaError._TIMED_OUT):
+                    raise KafkaFailure.wrap("fetching the committed offsets", exc) from exc
+                log.warning("committed offsets not available yet (%s); retrying", err)
+        for tp in committed:
+            if tp.error is not None:
+                raise KafkaFailure(f"committed offset of partition {tp.partition}: {tp.error.str()}",
+                                   code=tp.error.name())
+        return committed
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = sorted(tp.partition for tp in partitions)
-        if any(task.has_work() for task in self.tasks.values()):
+        if not self.failed and (self.ticks or any(task.has_work() for task in self.tasks.values())):
             self.checkpoint()  # commit what was folded before giving the partitions away
+        self.ticks = [(p, tick) for p, tick in self.ticks if p not in revoked]
         for p in revoked:
             task = self.tasks.pop(p, None)
             if task is not None:
@@ -95,6 +125,8 @@ class Processor:
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Another member owns them already: nothing may be committed for them.
+        lost = {tp.partition for tp in partitions}
+        self.ticks = [(p, tick) for p, tick in self.ticks if p not in lost]
         for tp in partitions:
             task = self.tasks.pop(tp.partition, None)
             if task is not None:
@@ -119,6 +151,10 @@ class Processor:
             log.info("stopping: committing the last checkpoint")
             if any(task.has_work() for task in self.tasks.values()):
                 self.checkpoint()
+        except BaseException:
+            # Whatever was not committed stays uncommitted: leaving the group must not commit it.
+            self.failed = True
+            raise
         finally:
             self.consumer.close()  # leaves the group (revoke commits nothing more: all committed)
             for task in self.tasks.values():
@@ -145,6 +181,9 @@ class Processor:
         task = self.tasks.get(message.partition())
         if task is None or task.stopped:
             return
+        if message.offset() < task.next_offset:
+            return  # already folded since the last commit (redelivered around a rebalance or rewind)
+        task.next_offset = message.offset() + 1
         try:
             event = self.codec.decode_event(message.value() or b"")
         except CodecError as exc:
@@ -155,22 +194,24 @@ class Processor:
         else:
             try:
                 result = task.fold.apply(event, message.offset(), task.out)
-            except InvariantViolation as violation:
-                self._stop_partition(task, violation)
+            except Exception as failure:  # an InvariantViolation, or any other bug in the fold
+                self._stop_partition(task, failure)
                 return
             self.metrics.events.labels(result["result"]).inc()
         task.position = message.offset() + 1
         self.events_since_checkpoint += 1
 
-    def _stop_partition(self, task: PartitionTask, violation: InvariantViolation) -> None:
-        """A bug, not bad input: stop this partition (the others go on), keep its committed state, say so."""
+    def _stop_partition(self, task: PartitionTask, violation: Exception) -> None:
+        """A bug, not bad input: stop this partition (the others go on), keep its committed state, say so.
+        Its uncommitted work is discarded, so a half-applied event is never committed."""
         task.discard()
         task.stopped = str(violation)
         tp = TopicPartition(self.topics["branch-events"], task.partition)
         self.consumer.pause([tp])
         self.metrics.stopped.labels(str(task.partition)).set(1)
         log.critical("PARTITION %d STOPPED: %s. Its committed offset and ledger are untouched; the input is "
-                     "kept. Do not repair with a release: fix the fold and restart.", task.partition, violation)
+                     "kept. Do not repair with a release: fix the fold and restart.", task.partition, violation,
+                     exc_info=not isinstance(violation, InvariantViolation))
 
     def _schedule_ticks(self) -> None:
         interval = self.config.tick_interval_ms
@@ -196,17 +237,28 @@ class Processor:
     def checkpoint(self) -> bool:
         started = time.monotonic()
         tasks = [task for task in self.tasks.values() if not task.stopped]
+        owned = {task.partition for task in tasks}
+        ticks = [(p, tick) for p, tick in self.ticks if p in owned]
         try:
-            result = commit_checkpoint(self.producer, self.consumer, tasks, self.ticks, self.topics, self.codec,
+            result = commit_checkpoint(self.producer, self.consumer, tasks, ticks, self.topics, self.codec,
                                        self.config.transaction_timeout_ms / 1000)
         except ProducerFenced as exc:
             self._recover_from_fence(exc)
-            rewind(self.consumer, tasks, self.topics)
+            self._rewind_or_reload(tasks)
             result = None
         except FatalProducerError as exc:
             log.error("%s: recreating the producer and replaying from the last commit", exc)
             self.producer = self._new_producer()
-            rewind(self.consumer, tasks, self.topics)
+            self._rewind_or_reload(tasks)
+            result = None
+        except CommitOutcomeUnknown as exc:
+            log.error("%s: reloading every partition from the committed offsets and the changelog", exc)
+            self.producer = self._new_producer()  # settles the pending transaction, whichever way it went
+            self._reload()
+            result = None
+        except KafkaFailure as exc:  # a rewind that failed after a clean abort
+            log.error("%s: reloading every partition from the committed offsets and the changelog", exc)
+            self._reload()
             result = None
         self.ticks.clear()
         self.events_since_checkpoint = 0
@@ -220,6 +272,26 @@ class Processor:
             log.debug("checkpoint committed: %d events, %d records, %.1f ms", result.events, result.records,
                       (time.monotonic() - started) * 1000)
         return committed
+
+    def _rewind_or_reload(self, tasks: list[PartitionTask]) -> None:
+        try:
+            rewind(self.consumer, tasks, self.topics)
+        except KafkaFailure as exc:
+            log.error("%s: reloading every partition", exc)
+            self._reload()
+
+    def _reload(self) -> None:
+        """Forget all in-memory state and load the owned partitions again, as on assignment: committed
+        offsets, projections restored from the changelog, the consumer moved back to the offsets."""
+        partitions = [TopicPartition(self.topics["branch-events"], p) for p in sorted(self.tasks)]
+        for task in self.tasks.values():
+            task.discard()
+            task.close()
+        self.tasks.clear()
+        self.ticks.clear()
+        self._load_partitions(self.consumer, partitions)
+        for task in self.tasks.values():
+            self.consumer.seek(TopicPartition(self.topics["branch-events"], task.partition, task.committed_position))
 
     def _recover_from_fence(self, exc: ProducerFenced) -> None:
         """Fenced: either another process runs with this worker slot (a misconfiguration: it owns the slot

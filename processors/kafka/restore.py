@@ -1,6 +1,11 @@
-"""Restore projections from the ledger changelog (read_committed), each from the offset stored with it; a
-missing projection (offset -1) is rebuilt from the beginning. All partitions of an assignment are restored
-together by one consumer; a partition already at the end of its changelog costs one watermark request."""
+"""Restore projections from the ledger changelog (read_committed), each from the changelog offset stored
+with it; a missing projection (offset -1) is rebuilt from the beginning.
+
+A restore is complete only when the projection covers the committed input offset: every checkpoint writes
+the partition's next input offset into the changelog, in the same transaction as the offsets it commits.
+Reaching the end of the changelog is not enough: under read_committed the end is the last stable offset,
+and a predecessor's commit markers may land on the changelog a moment after its offsets became stable.
+So the restore goes on reading until the position is reached (or a deadline passes)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from processors.kafka import faults
 from processors.kafka.errors import KafkaFailure
+from processors.kafka.partition import INPUT_POSITION_KEY, input_position
 from projections.store import NO_OFFSET, Store
 
 log = logging.getLogger("settle.restore")
@@ -21,9 +27,17 @@ RESTORE_TIMEOUT_S = 600.0
 WATERMARK_TIMEOUT_S = 10.0
 
 
+class RestoreIncomplete(KafkaFailure):
+    """The changelog did not reach the committed input offset in time. Raised by restore; the partition is
+    not processed. Operator: check the changelog topic (retention, compaction of a recreated topic)."""
+
+
 def restore(stores: dict[int, Store], client_config: dict, topic: str, group_id: str,
+            targets: dict[int, int] | None = None,
             progress: Callable[[int, int], None] = lambda partition, records: None) -> dict[int, int]:
-    """Bring every store up to the end of its changelog partition; return records applied per partition."""
+    """Bring every store up to its target input position (the committed offset; < 0: none) and at least to
+    the end of its changelog partition; return the records applied per partition."""
+    targets = targets or {}
     consumer = Consumer({**client_config, "group.id": f"{group_id}-restore", "enable.auto.commit": False,
                          "isolation.level": "read_committed", "enable.partition.eof": True,
                          "auto.offset.reset": "earliest"})
@@ -33,24 +47,32 @@ def restore(stores: dict[int, Store], client_config: dict, topic: str, group_id:
         todo = {}
         for partition, store in stores.items():
             stored = store.changelog_offset()
+            position = input_position(store)
+            target = targets.get(partition, -1)
+            if position is not None and target >= 0 and position > target:
+                raise KafkaFailure(f"partition {partition}: the projection covers input offset {position}, beyond "
+                                   f"the committed {target}: delete {store.path if hasattr(store, 'path') else 'it'} "
+                                   "to rebuild it")
             _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=WATERMARK_TIMEOUT_S)
-            if stored + 1 < high:  # else nothing was written after what the projection holds
+            if stored + 1 < high or (target >= 0 and (position or 0) < target):
                 todo[partition] = OFFSET_BEGINNING if stored == NO_OFFSET else stored + 1
         if todo:
             consumer.assign([TopicPartition(topic, p, offset) for p, offset in todo.items()])
-            _consume(consumer, topic, stores, set(todo), applied, started, progress)
+            _consume(consumer, topic, stores, targets, set(todo), applied, started, progress)
     finally:
         consumer.close()
     for partition, count in applied.items():
-        log.info("partition %d restored: %d changelog records applied, projection at changelog offset %d",
-                 partition, count, stores[partition].changelog_offset())
+        log.info("partition %d restored: %d changelog records applied; projection at changelog offset %d, "
+                 "input offset %s", partition, count, stores[partition].changelog_offset(),
+                 input_position(stores[partition]))
     return applied
 
 
-def _consume(consumer: Consumer, topic: str, stores: dict[int, Store], pending: set[int], applied: dict[int, int],
-             started: float, progress) -> None:
+def _consume(consumer: Consumer, topic: str, stores: dict[int, Store], targets: dict[int, int], pending: set[int],
+             applied: dict[int, int], started: float, progress) -> None:
     batches: dict[int, list] = {p: [] for p in pending}
     last: dict[int, int] = {}
+    position = {p: input_position(stores[p]) or 0 for p in pending}
 
     def flush(partition: int) -> None:
         if batches[partition]:
@@ -61,8 +83,9 @@ def _consume(consumer: Consumer, topic: str, stores: dict[int, Store], pending: 
 
     while pending:
         if time.monotonic() - started > RESTORE_TIMEOUT_S:
-            raise KafkaFailure(f"restore of {topic} partitions {sorted(pending)} did not reach the end in "
-                               f"{RESTORE_TIMEOUT_S:.0f} s")
+            raise RestoreIncomplete(
+                f"restore of {topic} partitions {sorted(pending)} did not reach the committed input offsets "
+                f"{ {p: targets.get(p) for p in pending} } in {RESTORE_TIMEOUT_S:.0f} s (at {position})")
         for message in consumer.consume(num_messages=1_000, timeout=1.0):
             partition = message.partition()
             err = message.error()
@@ -70,11 +93,15 @@ def _consume(consumer: Consumer, topic: str, stores: dict[int, Store], pending: 
                 if err.code() == KafkaError._PARTITION_EOF:
                     if partition in pending:
                         flush(partition)
-                        pending.discard(partition)
+                        if position[partition] >= targets.get(partition, -1):
+                            pending.discard(partition)
                     continue
                 raise KafkaFailure(f"restore of {topic}[{partition}]: {err.str()} ({err.name()})",
                                    code=err.name(), retriable=err.retriable(), fatal=err.fatal())
-            batches[partition].append((message.key(), message.value()))
+            key = message.key()
+            if key == INPUT_POSITION_KEY:
+                position[partition] = int(message.value())
+            batches[partition].append((key, message.value()))
             last[partition] = message.offset()
             if len(batches[partition]) >= BATCH_RECORDS:
                 flush(partition)
