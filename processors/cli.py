@@ -7,7 +7,7 @@ import argparse
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from processors import replay_cli
+from processors import audit, replay_cli
 from processors.errors import SettlementError
 
 EXIT_OK = 0
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"settle {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     replay_cli.add_parsers(commands)
+    audit.add_parser(commands)
     _add_kafka_commands(commands)
     return parser
 
