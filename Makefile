@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 SHARED ?= $(abspath ../shared)
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit kafka-up kafka-down kafka-status bench-fold clean
+.PHONY: install demo test test-unit kafka-up kafka-down kafka-status bench bench-quick bench-fold faults clean
 
 install: $(STAMP)
 
@@ -38,6 +38,15 @@ kafka-status:
 
 bench-fold: install
 	$(BIN)/python bench/fold.py
+
+bench: install kafka-up
+	$(BIN)/python bench/run.py
+
+bench-quick: install kafka-up
+	$(BIN)/python bench/run.py --quick
+
+faults: install kafka-up
+	SHARED_DIR=$(SHARED) $(BIN)/python -m faults.run
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
