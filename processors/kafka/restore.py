@@ -80,6 +80,7 @@ def _consume(consumer: Consumer, topic: str, stores: dict[int, Store], targets: 
             applied[partition] += len(batches[partition])
             batches[partition] = []
             progress(partition, applied[partition])
+            faults.crash_point("mid_restore")
 
     while pending:
         if time.monotonic() - started > RESTORE_TIMEOUT_S:
@@ -105,4 +106,3 @@ def _consume(consumer: Consumer, topic: str, stores: dict[int, Store], targets: 
             last[partition] = message.offset()
             if len(batches[partition]) >= BATCH_RECORDS:
                 flush(partition)
-                faults.crash_point("mid_restore")
