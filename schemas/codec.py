@@ -337,7 +337,12 @@ def _leave_to_fastavro(out: bytearray, value: Any) -> None:
 
 
 def _write_long(out: bytearray, value: Any) -> None:
-    if type(value) is not int or not _LONG_MIN <= value <= _LONG_MAX:
+    if type(value) is not int:
+        raise _NotPlain
+    if 0 <= value < 64:  # one byte: most counts, generations, partitions, lengths
+        out.append(value << 1)
+        return
+    if not _LONG_MIN <= value <= _LONG_MAX:
         raise _NotPlain
     value = (value << 1) ^ (value >> 63)  # zig-zag: small magnitudes of either sign take few bytes
     while value > 0x7F:
@@ -346,18 +351,10 @@ def _write_long(out: bytearray, value: Any) -> None:
     out.append(value)
 
 
-def _write_size(out: bytearray, size: int) -> None:
-    """A length or an item count: never negative, and nearly always one byte."""
-    if size < 64:
-        out.append(size << 1)
-    else:
-        _write_long(out, size)
-
-
 def _write_bytes(out: bytearray, value: Any) -> None:
     if type(value) is not bytes:
         raise _NotPlain
-    _write_size(out, len(value))
+    _write_long(out, len(value))
     out += value
 
 
@@ -368,7 +365,11 @@ def _write_string(out: bytearray, value: Any) -> None:
         data = value.encode()
     except UnicodeEncodeError:  # a lone surrogate: fastavro raises the error
         raise _NotPlain from None
-    _write_size(out, len(data))
+    size = len(data)
+    if size < 64:  # the length is one byte (as in _write_long, written here to save a call per string)
+        out.append(size << 1)
+    else:
+        _write_long(out, size)
     out += data
 
 
@@ -416,7 +417,7 @@ def _map_writer(write_value: Writer) -> Writer:
         if type(value) is not dict:
             raise _NotPlain
         if value:
-            _write_size(out, len(value))
+            _write_long(out, len(value))
             for key, item in value.items():
                 _write_string(out, key)
                 write_value(out, item)
@@ -430,7 +431,7 @@ def _array_writer(write_item: Writer) -> Writer:
         if type(value) is not list:
             raise _NotPlain
         if value:
-            _write_size(out, len(value))
+            _write_long(out, len(value))
             for item in value:
                 write_item(out, item)
         out.append(0)
