@@ -47,16 +47,8 @@ BALANCE_TERMS = (
     "committed",
     "overdrawn",
 )
-# The left-hand side of the invariant: these add up to capacity + overdrawn.
-HELD_TERMS = (
-    "available",
-    "outstanding",
-    "pending",
-    "awaiting_confirmation",
-    "lent",
-    "returned_to_pool",
-    "committed",
-)
+# The left-hand side of the invariant: every term but capacity and overdrawn, which are its right-hand side.
+HELD_TERMS = tuple(term for term in BALANCE_TERMS if term not in ("capacity", "overdrawn"))
 
 DESTINATION_PARENT = "parent"
 DESTINATION_POOL = "global_pool"
