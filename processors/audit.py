@@ -62,32 +62,72 @@ def add_parser(commands) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("parent_id", metavar="PARENT_ID", help="the parent reservation to show (exact id)")
-    p.add_argument("file", metavar="FILE", help="events of one partition: JSON Lines or an Avro container file")
+    p.add_argument("file", metavar="FILE", nargs="?",
+                   help="events: JSON Lines or an Avro container file (one partition), or a `settle export` file")
+    p.add_argument("--topic", metavar="NAME", help="read the input topic (branch-events) instead of a file")
     p.add_argument("--html", metavar="OUT.html",
                    help="also write the self-contained HTML report to OUT.html (overwritten if it exists)")
-    p.add_argument("--partition", type=int, default=0, metavar="N",
-                   help="the partition the file's events came from, as recorded on outputs (default: %(default)s)")
+    p.add_argument("--partition", type=int, default=None, metavar="N",
+                   help="the partition the events came from (default: 0 for a plain file; found for a topic or "
+                        "an export)")
+    p.add_argument("--topic-prefix", default=os.environ.get("SETTLE_TOPIC_PREFIX", ""),
+                   help="prefix of the topic names (env SETTLE_TOPIC_PREFIX)")
+    from processors.kafka import connection
+
+    connection.add_connection_arguments(p)
     p.set_defaults(run=run_audit)
 
 
 def run_audit(args: argparse.Namespace) -> int:
-    from processors.replay import read_events
     from schemas.codec import default_codec
 
-    if not os.path.isfile(args.file):
-        raise SettlementError(f"no such file: {args.file}")
-    if args.partition < 0:
+    if bool(args.file) == bool(args.topic):
+        raise SettlementError("give either FILE or --topic branch-events")
+    if args.partition is not None and args.partition < 0:
         raise SettlementError("--partition must be >= 0")
     if args.html and not Path(args.html).resolve().parent.is_dir():
         raise SettlementError(f"--html {args.html}: no such directory {Path(args.html).resolve().parent}")
     codec = default_codec()
-    history = parent_history(read_events(args.file, codec), args.parent_id, codec, args.partition)
+    partition, inputs, source = _inputs(args, codec)
+    history = parent_history(inputs, args.parent_id, codec, partition)
     color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     sys.stdout.write(render_text(history, color=color))
     if args.html:
         try:
-            Path(args.html).write_text(render_html(history, source=os.path.basename(args.file)), encoding="utf-8")
+            Path(args.html).write_text(render_html(history, source=source), encoding="utf-8")
         except OSError as err:
             raise SettlementError(f"cannot write {args.html}: {err.strerror or err}") from err
         print(f"\nHTML report written to {args.html}")
     return 0
+
+
+def _inputs(args: argparse.Namespace, codec):
+    """(partition, inputs of that partition, source name) for the parent: a plain file is one partition; a
+    topic or an export file holds several, and the parent's events are in exactly one of them."""
+    from processors import partitioned
+    from processors.replay import read_events
+
+    if args.file:
+        if not os.path.isfile(args.file):
+            raise SettlementError(f"no such file: {args.file}")
+        if not partitioned.is_export(args.file):
+            return args.partition or 0, read_events(args.file, codec), os.path.basename(args.file)
+        by_partition = partitioned.read_export(args.file, codec)
+        source = os.path.basename(args.file)
+    else:
+        from processors.kafka import connection
+        from processors.kafka import topic_replay as tr
+        from processors.kafka.commands import topic_names
+
+        if args.topic != "branch-events":
+            raise SettlementError("--topic: only the input topic, branch-events, holds a parent's history")
+        topic = topic_names(args.topic_prefix)["branch-events"]
+        client = connection.config_from_args(args)
+        partitions = [args.partition] if args.partition is not None else tr.partitions_of(client, topic)
+        by_partition = {p: [item for item, _ in recs]
+                        for p, recs in tr.read_inputs(client, topic, partitions, codec).items()}
+        source = topic
+    for partition, items in by_partition.items():
+        if any(item.event is not None and item.event["parent_id"] == args.parent_id for item in items):
+            return partition, items, f"{source} partition {partition}"
+    raise UnknownParentError(f"no event names parent {args.parent_id!r} in {source}")

@@ -116,3 +116,17 @@ def test_replay_from_an_export_equals_replay_from_the_topic(kafka_topics, proces
     doc = json.loads(from_file.stdout)
     assert doc["results"] and doc["releases"]
     assert len(doc["dead_letters"]) == 3  # the undecodable records, with their partition and offset
+
+
+def test_audit_of_a_parent_from_the_topic_matches_the_projection(kafka_topics, processed: Path,
+                                                                 tmp_path: Path) -> None:
+    common = ("--topic-prefix", kafka_topics.prefix, "--bootstrap-servers", kafka_topics.bootstrap_servers)
+    run = settle("audit", "wf-000003", "--topic", "branch-events", "--html", str(tmp_path / "r.html"), *common)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("Parent wf-000003  status closed")
+    inspect = settle("inspect", "wf-000003", "--state-dir", str(processed), "--group-id", "g", "--json")
+    live = json.loads(inspect.stdout)["parent"]["dimensions"]["tokens"]
+    html = (tmp_path / "r.html").read_text()
+    chart = json.loads(html.split('<script type="application/json" id="chart-data">')[1].split("</script>")[0])
+    last = chart["dimensions"]["tokens"]["points"][-1]
+    assert {term: last[term] for term in live if term != "kind"} == {t: v for t, v in live.items() if t != "kind"}
