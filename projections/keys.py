@@ -23,22 +23,26 @@ CHANGELOG_OFFSET_KEY = META + SEP + b"changelog_offset"
 DEADLINE_DIGITS = 16
 
 
+# The fold builds several keys per event, so each key is formatted as one str and encoded once (the UTF-8 of
+# a concatenation is the concatenation of the parts' UTF-8): half the cost of joining encoded parts.
+_SEP = SEP.decode()
+_PARENT, _CHILD, _IDEMPOTENCY, _TIMER = PARENT.decode(), CHILD.decode(), IDEMPOTENCY.decode(), TIMER.decode()
+
+
 def parent_key(parent_id: str) -> bytes:
-    return PARENT + SEP + parent_id.encode()
+    return f"{_PARENT}{_SEP}{parent_id}".encode()
 
 
 def child_key(parent_id: str, child_id: str) -> bytes:
-    return CHILD + SEP + parent_id.encode() + SEP + child_id.encode()
+    return f"{_CHILD}{_SEP}{parent_id}{_SEP}{child_id}".encode()
 
 
 def idempotency_key(parent_id: str, key: str) -> bytes:
-    return IDEMPOTENCY + SEP + parent_id.encode() + SEP + key.encode()
+    return f"{_IDEMPOTENCY}{_SEP}{parent_id}{_SEP}{key}".encode()
 
 
 def timer_key(deadline_ms: int, kind: str, parent_id: str, child_id: str) -> bytes:
-    return SEP.join(
-        (TIMER, b"%0*d" % (DEADLINE_DIGITS, deadline_ms), kind.encode(), parent_id.encode(), child_id.encode())
-    )
+    return f"{_TIMER}{_SEP}{deadline_ms:0{DEADLINE_DIGITS}d}{_SEP}{kind}{_SEP}{parent_id}{_SEP}{child_id}".encode()
 
 
 def prefix(kind: bytes) -> bytes:
