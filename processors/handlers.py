@@ -44,7 +44,9 @@ def _child(view: LedgerView, parent: dict, child_id: str) -> dict:
 
 
 def _check_dimensions(parent: dict, quantities: dict | None, field: str) -> None:
-    unknown = sorted(set(quantities or ()) - set(parent["dimensions"]))
+    if not quantities or quantities.keys() <= parent["dimensions"].keys():
+        return
+    unknown = sorted(set(quantities) - set(parent["dimensions"]))
     if unknown:
         raise Reject(r.INVALID_EVENT, f"{field} names dimensions the parent does not have: {', '.join(unknown)}")
 
