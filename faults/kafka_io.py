@@ -1,0 +1,267 @@
+"""Broker-facing helpers of the suite: topics under a private prefix, reading topics back read_committed,
+a continuous read_committed reader (I4, progress), and an own broker (deploy/kafka.sh in a private run
+directory) that the scenarios may bounce. The shared broker is only ever used, never touched."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from processors.kafka import topics as topics_mod
+from schemas.codec import CodecError, default_codec
+
+REPO = Path(__file__).resolve().parents[1]
+KAFKA_SH = REPO / "deploy" / "kafka.sh"
+ADMIN_TIMEOUT_S = 30.0
+READ_TIMEOUT_S = 180.0
+OUTPUT_TOPICS = ("settlement-results", "capacity-releases", "settlement-audit", "branch-events-dlq")
+
+
+def broker_answers(bootstrap: str, timeout_s: float = 5.0) -> bool:
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    try:
+        admin.list_topics(timeout=timeout_s)
+        return True
+    except KafkaException:
+        return False
+
+
+@dataclass
+class Topics:
+    """Every topic of deploy/topics.json under a prefix of its own, on one broker."""
+
+    bootstrap: str
+    prefix: str
+    partitions: int
+    names: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, bootstrap: str, label: str, partitions: int) -> "Topics":
+        prefix = f"faults.{label}.{uuid.uuid4().hex[:8]}."
+        spec = topics_mod.load_spec(topics_mod.DEFAULT_SPEC_PATH, prefix=prefix, partitions=partitions)
+        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+        reports = topics_mod.apply(admin, spec, timeout_s=ADMIN_TIMEOUT_S)
+        if topics_mod.has_drift(reports):
+            raise RuntimeError(f"topic drift under a fresh prefix {prefix}: {reports}")
+        return cls(bootstrap, prefix, partitions, spec.names())
+
+    def name(self, logical: str) -> str:
+        return self.names[logical]
+
+    def delete(self) -> None:
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        existing = [n for n in admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics if n.startswith(self.prefix)]
+        topics_mod.delete_topics(admin, existing, timeout_s=ADMIN_TIMEOUT_S)
+
+
+def read_partitions(bootstrap: str, topic: str, decode: bool = True, isolation: str = "read_committed",
+                    timeout_s: float = READ_TIMEOUT_S) -> dict[int, list]:
+    """Every record of a topic, per partition in offset order: (offset, key, value or decoded value).
+    An undecodable value (e.g. the I5 marker) is kept as raw bytes."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"faults-reader-{uuid.uuid4().hex[:6]}",
+                         "enable.auto.commit": False, "isolation.level": isolation,
+                         "enable.partition.eof": True, "log_level": 0})
+    codec = default_codec()
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, -2) for p in partitions])
+        records: dict[int, list] = defaultdict(list)
+        pending = set(partitions)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: partitions {sorted(pending)} never reached their end")
+            for message in consumer.consume(num_messages=10_000, timeout=1.0):
+                if message.error():
+                    if message.error().code() == KafkaError._PARTITION_EOF:
+                        pending.discard(message.partition())
+                        continue
+                    raise RuntimeError(f"reading {topic}: {message.error().str()}")
+                value = message.value()
+                if decode:
+                    try:
+                        value = codec.decode(value)[1]
+                    except CodecError:
+                        pass
+                records[message.partition()].append((message.offset(), message.key(), value))
+        return {p: records.get(p, []) for p in partitions}
+    finally:
+        consumer.close()
+
+
+class ContinuousReader(threading.Thread):
+    """Reads settlement-results and capacity-releases with read_committed while the faults happen (I4):
+    counts every result and release, every duplicate release_key and every input offset that got a second
+    result, and keeps (time, results seen) so the scenarios can measure progress and recovery."""
+
+    def __init__(self, bootstrap: str, topics: Topics) -> None:
+        super().__init__(daemon=True, name="faults-reader")
+        self.bootstrap = bootstrap
+        self.results_topic = topics.name("settlement-results")
+        self.releases_topic = topics.name("capacity-releases")
+        self.release_keys: set[str] = set()
+        self.result_positions: set[tuple[int, int]] = set()
+        self.duplicate_releases: list[str] = []
+        self.duplicate_results: list[tuple[int, int]] = []
+        self.results = 0
+        self.releases = 0
+        self.progress: list[tuple[float, int]] = [(time.monotonic(), 0)]
+        self.errors: list[str] = []
+        self._halt = threading.Event()
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"faults-i4-{uuid.uuid4().hex[:6]}",
+                             "enable.auto.commit": False, "isolation.level": "read_committed",
+                             "auto.offset.reset": "earliest", "log_level": 0})
+        codec = default_codec()
+        try:
+            consumer.subscribe([self.results_topic, self.releases_topic])
+            while not self._halt.is_set():
+                messages = consumer.consume(num_messages=5_000, timeout=0.2)
+                for message in messages:
+                    if message.error():
+                        if message.error().code() != KafkaError._PARTITION_EOF:
+                            self.errors.append(message.error().str())
+                        continue
+                    try:
+                        record = codec.decode(message.value())[1]
+                    except CodecError:  # the I5 marker, written at the very end
+                        continue
+                    self._take(message.topic(), record)
+                if messages:
+                    with self._lock:
+                        self.progress.append((time.monotonic(), self.results))
+        finally:
+            consumer.close()
+
+    def _take(self, topic: str, record: dict) -> None:
+        if topic == self.results_topic:
+            position = (record["input_partition"], record["input_offset"])
+            if position in self.result_positions:
+                self.duplicate_results.append(position)
+            self.result_positions.add(position)
+            self.results += 1
+        elif "release_key" in record:  # ParentSettled shares the topic
+            if record["release_key"] in self.release_keys:
+                self.duplicate_releases.append(record["release_key"])
+            self.release_keys.add(record["release_key"])
+            self.releases += 1
+
+    def wait_for(self, results: int, timeout_s: float, alive=lambda: None) -> None:
+        """Until `results` results were read; `alive()` may raise when a processor died unexpectedly."""
+        deadline = time.monotonic() + timeout_s
+        while self.results < results:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {self.results} of {results} results committed in {timeout_s:.0f} s")
+            alive()
+            time.sleep(0.1)
+
+    def recovery_s(self, since: float, count_at: int | None = None) -> float | None:
+        """Seconds from `since` until the first result past `count_at` (default: the count at `since`)."""
+        with self._lock:
+            points = list(self.progress)
+        if count_at is None:
+            count_at = max((n for t, n in points if t <= since), default=0)
+        for t, n in points:
+            if t >= since and n > count_at:
+                return t - since
+        return None
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(30)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class OwnBroker:
+    """A broker of this suite's own (deploy/kafka.sh with a private run directory and ports): the only
+    broker a scenario may bounce, pause or cut off."""
+
+    def __init__(self, run_dir: Path, port: int | None = None, controller_port: int | None = None) -> None:
+        self.run_dir = run_dir
+        self.port = port or free_port()
+        self.controller_port = controller_port or free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+
+    def _sh(self, command: str, timeout_s: float = 300) -> str:
+        env = {**os.environ, "KAFKA_PORT": str(self.port), "KAFKA_CONTROLLER_PORT": str(self.controller_port),
+               "KAFKA_RUN_DIR": str(self.run_dir), "KAFKA_STOP_TIMEOUT_S": "60"}
+        done = subprocess.run(["bash", str(KAFKA_SH), command], env=env, capture_output=True, text=True,
+                              timeout=timeout_s)
+        if done.returncode != 0:
+            raise RuntimeError(f"kafka.sh {command} (port {self.port}) failed:\n{done.stdout}{done.stderr}")
+        return done.stdout
+
+    def up(self) -> None:
+        self._sh("up")
+
+    def down(self) -> None:
+        self._sh("down")
+
+    def pid(self) -> int | None:
+        try:
+            pid = int((self.run_dir / "pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            return None
+        return pid if str(self.run_dir).encode() in cmdline else None
+
+    def kill9(self) -> None:
+        pid = self.pid()
+        if pid is None:
+            raise RuntimeError(f"own broker on {self.port} is not running")
+        os.kill(pid, signal.SIGKILL)
+        _wait_gone(pid)
+
+    def signal(self, signum: int) -> None:
+        pid = self.pid()
+        if pid is None:
+            raise RuntimeError(f"own broker on {self.port} is not running")
+        os.kill(pid, signum)
+
+    def ensure_stopped(self) -> None:
+        """Stop it whatever state it is in (SIGCONT first, in case a scenario paused it)."""
+        pid = self.pid()
+        if pid is None:
+            return
+        try:
+            os.kill(pid, signal.SIGCONT)
+            self.down()
+        except Exception:
+            pass
+        pid = self.pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            _wait_gone(pid)
+
+
+def _wait_gone(pid: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        if Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return
+        time.sleep(0.05)

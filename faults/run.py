@@ -1,0 +1,122 @@
+"""`python -m faults.run` (= `make faults`): the whole fault-injection suite, then faults/report.json and
+faults/report.md. `--quick` runs the reduced sizes; `--only a,b` a subset of scenarios.
+
+Scenarios on the shared broker (SETTLE_BOOTSTRAP_SERVERS, default 127.0.0.1:9092) only use topics of
+their own; the broker bounces run on a broker of the suite's own, and the network faults on another one
+inside a private network namespace. The shared broker is never bounced, paused or cut off."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from faults import sim
+from faults.kafka_io import REPO, OwnBroker, broker_answers
+from faults.netns import run_in_namespace
+from faults.report import write_reports
+from faults.scenarios import SHARED_BROKER, Run, Size, broker_bounce
+
+ORDER = (*SHARED_BROKER, "broker_bounce", "network_blackhole")
+FULL = {"events": 100_000, "partitions": 8, "sim_runs": 5_000, "outages_s": (5, 15, 30)}
+QUICK = {"events": 5_000, "partitions": 4, "sim_runs": 1_000, "outages_s": (5, 12)}
+WORK = REPO / ".run" / "faults"
+
+
+def shared_bootstrap() -> str:
+    return os.environ.get("SETTLE_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+
+
+def run_scenario(name: str, seed: int, size: Size, outages_s: tuple, work: Path) -> dict:
+    started = time.monotonic()
+    try:
+        if name == "network_blackhole":
+            report = run_in_namespace(work / name, seed, size.events, size.partitions, outages_s)
+        elif name == "broker_bounce":
+            broker = OwnBroker(work / name / "kafka")
+            run = None
+            try:
+                broker.up()
+                run = Run(name, seed, size, broker.bootstrap, work / name / "run").setup()
+                report = broker_bounce(run, broker)
+                report["where"] = f"own broker on 127.0.0.1:{broker.port}"
+            finally:
+                if run is not None:
+                    run.cleanup()
+                broker.ensure_stopped()
+                shutil.rmtree(work / name / "kafka", ignore_errors=True)
+        else:
+            run = Run(name, seed, size, shared_bootstrap(), work / name)
+            try:
+                run.setup()
+                report = SHARED_BROKER[name](run)
+                report["where"] = f"shared broker {shared_bootstrap()}, topics {run.topics.prefix}*"
+            finally:
+                run.cleanup()
+    except Exception as exc:
+        report = {"scenario": name, "seed": seed, "ok": False, "error": f"{type(exc).__name__}: {exc}",
+                  "traceback": traceback.format_exc()[-3000:]}
+    report["wall_s"] = round(time.monotonic() - started, 1)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m faults.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="reduced sizes (5k events, 4 partitions)")
+    parser.add_argument("--only", default="", help=f"comma-separated scenarios of {', '.join(ORDER)}, or sim")
+    parser.add_argument("--seed", type=int, default=7000, help="base seed; scenario i uses seed + i")
+    parser.add_argument("--events", type=int, help="events per scenario (overrides the size)")
+    parser.add_argument("--out", default=str(REPO / "faults"), help="where report.json and report.md go")
+    args = parser.parse_args(argv)
+    sizes = dict(QUICK if args.quick else FULL)
+    if args.events:
+        sizes["events"] = args.events
+    chosen = [n for n in args.only.split(",") if n] or [*ORDER, "sim"]
+    unknown = set(chosen) - set(ORDER) - {"sim"}
+    if unknown:
+        parser.error(f"unknown scenarios {sorted(unknown)}")
+    if any(n in SHARED_BROKER for n in chosen) and not broker_answers(shared_bootstrap()):
+        print(f"faults: no broker answers on {shared_bootstrap()} (make kafka-up)", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    scenarios = []
+    size = Size(sizes["events"], sizes["partitions"])
+    for i, name in enumerate(n for n in ORDER if n in chosen):
+        print(f"faults: {name} ({size.events} events, {size.partitions} partitions, seed {args.seed + i}) ...",
+              flush=True)
+        report = run_scenario(name, args.seed + i, size, tuple(sizes["outages_s"]), WORK)
+        scenarios.append(report)
+        print(f"faults: {name}: {'OK' if report.get('ok') else 'FAILED'} in {report['wall_s']} s"
+              + (f" ({report['error']})" if report.get("error") else ""), flush=True)
+    simulation = None
+    if "sim" in chosen:
+        print(f"faults: simulation ({sizes['sim_runs']} seeded runs) ...", flush=True)
+        sim_started = time.monotonic()
+        try:
+            simulation = {"ok": True, **sim.run_many(sizes["sim_runs"])}
+        except AssertionError as exc:
+            simulation = {"ok": False, "error": str(exc), "seconds": round(time.monotonic() - sim_started, 1)}
+        print(f"faults: simulation: {'OK' if simulation['ok'] else 'FAILED'} in {simulation['seconds']} s", flush=True)
+    document = {
+        "suite": "faults", "mode": "quick" if args.quick else "full",
+        "git_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                     cwd=REPO).stdout.strip(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
+        "base_seed": args.seed, "wall_s": round(time.monotonic() - started, 1),
+        "ok": all(s.get("ok") for s in scenarios) and (simulation is None or simulation["ok"]),
+        "scenarios": scenarios, "simulation": simulation,
+    }
+    write_reports(document, Path(args.out))
+    print(f"faults: {'ALL OK' if document['ok'] else 'FAILURES'}; report in {args.out}/report.md")
+    return 0 if document["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,381 @@
+"""The scenarios against a real broker. Each one publishes the adversarial workload (faults/workload.py) to
+topics of its own, runs `settle run` processes through its faults while a read_committed reader watches,
+ends with one instance owning every partition, stops it cleanly and hands everything to the verifier.
+
+A processor that exits when nobody asked it to is recorded (exit code, last log lines) and restarted, as
+a supervisor (systemd, Kubernetes) would: the report then shows it under `unexpected_exits`."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import statistics
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from faults import verify as verifier
+from faults.kafka_io import ContinuousReader, OwnBroker, Topics, read_partitions
+from faults.processes import LogStats, ProcessorProcess, log_stats
+from faults.workload import build, publish
+
+GROUP = "settle"
+WAIT_S = 900.0
+
+
+@dataclass
+class Size:
+    events: int
+    partitions: int = 8
+
+
+class ProcessorDied(Exception):
+    pass
+
+
+@dataclass
+class Run:
+    """One scenario in progress: its topics, workload, processes, faults and measurements."""
+
+    name: str
+    seed: int
+    size: Size
+    bootstrap: str
+    work_dir: Path
+    topics: Topics | None = None
+    expected: int = 0
+    faults: Counter = field(default_factory=Counter)
+    recoveries: list = field(default_factory=list)  # (fault, time injected, results at that time)
+    processes: list = field(default_factory=list)
+    managed: dict = field(default_factory=dict)  # slot -> the process that should be running
+    unexpected_exits: list = field(default_factory=list)
+    started: float = 0.0
+    finished: float = 0.0
+    publish_s: float = 0.0
+    reader: ContinuousReader | None = None
+    seq: int = 0
+
+    # -- setup and teardown -----------------------------------------------------------------------------
+
+    def setup(self) -> "Run":
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+        self.work_dir.mkdir(parents=True)
+        self.topics = Topics.create(self.bootstrap, self.name.replace("_", "-"), self.size.partitions)
+        workload = build(self.seed, self.size.events)
+        self.faults.update(workload.adversity)
+        t0 = time.monotonic()
+        self.expected = publish(workload, self.bootstrap, self.topics.name("branch-events"), self.size.partitions)
+        self.publish_s = time.monotonic() - t0
+        self.reader = ContinuousReader(self.bootstrap, self.topics)
+        self.reader.start()
+        return self
+
+    def cleanup(self) -> None:
+        for proc in self.processes:
+            if proc.alive():
+                proc.signal(signal.SIGCONT)
+                proc.kill()
+        if self.reader is not None:
+            self.reader.stop()
+        if self.topics is not None:
+            try:
+                self.topics.delete()
+            except Exception as exc:  # the broker may be gone already (own broker, torn down)
+                print(f"faults: could not delete topics {self.topics.prefix}*: {exc}")
+
+    # -- processes ------------------------------------------------------------------------------------
+
+    def state(self, slot: str) -> Path:
+        return self.work_dir / f"state-{slot}"
+
+    def start(self, slot: str, env: dict | None = None, args: tuple = (), managed: bool = True,
+              session_timeout_ms: int = 6000) -> ProcessorProcess:
+        if not self.started:
+            self.started = time.monotonic()
+        self.seq += 1
+        proc = ProcessorProcess(self.bootstrap, self.topics.prefix, self.state(slot),
+                                self.work_dir / f"{self.seq:02d}-{slot}.log", slot=slot, group=GROUP, env=env,
+                                args=args, session_timeout_ms=session_timeout_ms)
+        self.processes.append(proc)
+        if managed:
+            self.managed[slot] = proc
+        return proc
+
+    def release(self, slot: str) -> ProcessorProcess:
+        """No longer supervised: the scenario is about to stop or kill it."""
+        return self.managed.pop(slot)
+
+    def supervise(self) -> None:
+        for slot, proc in list(self.managed.items()):
+            if not proc.alive():
+                code = proc.proc.returncode
+                tail = proc.output().strip().splitlines()[-12:]
+                self.unexpected_exits.append({"slot": slot, "exit_code": code, "log": proc.log_path.name,
+                                              "last_lines": tail})
+                print(f"faults: {self.name}: processor {slot} exited unexpectedly ({code}); restarting it")
+                self.faults["processor_restarts_after_unexpected_exit"] += 1
+                self.start(slot)
+
+    def progress(self) -> int:
+        return self.reader.results
+
+    def wait_fraction(self, fraction: float, timeout_s: float = WAIT_S) -> None:
+        self.reader.wait_for(int(self.expected * fraction), timeout_s, self.supervise)
+
+    def fault(self, kind: str) -> None:
+        """Record a fault injected now: recovery is measured from here to the next committed result."""
+        self.faults[kind] += 1
+        self.recoveries.append((kind, time.monotonic(), self.progress()))
+
+    # -- the end ------------------------------------------------------------------------------------------
+
+    def finish(self, final_slot: str, zombie: dict | None = None) -> dict:
+        """Wait for every result with only `final_slot` running (it then owns every partition), stop it
+        cleanly, verify."""
+        self.wait_fraction(1.0)
+        self.finished = time.monotonic()
+        final = self.managed[final_slot]
+        self._wait_owns_all(final)
+        self.release(final_slot)
+        code = final.stop()
+        if code != 0:
+            self.unexpected_exits.append({"slot": final_slot, "exit_code": code, "log": final.log_path.name,
+                                          "last_lines": final.output().strip().splitlines()[-12:]})
+        for proc in self.processes:
+            if proc.alive():
+                proc.stop()
+        report = verifier.verify(self.topics, self.state(final_slot), GROUP, reader=self.reader, zombie=zombie)
+        return self.report(report)
+
+    def _wait_owns_all(self, final: ProcessorProcess, timeout_s: float = 120) -> None:
+        """The last instance's latest assignment names every partition (its projections are then current)."""
+        want = str(list(range(self.size.partitions)))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assigned = [line for line in final.output().splitlines() if "assigned partitions" in line]
+            if assigned and assigned[-1].endswith(want):
+                time.sleep(1.0)  # its first checkpoint after the restore
+                return
+            self.supervise()
+            time.sleep(0.3)
+        raise TimeoutError(f"{final.slot} never owned every partition")
+
+    def report(self, verified: dict) -> dict:
+        stats = LogStats(0, 0, 0, 0, 0)
+        for proc in self.processes:
+            stats = stats + log_stats(proc.output())
+        recovery = [r for r in (self.reader.recovery_s(t, n) for _, t, n in self.recoveries) if r is not None]
+        elapsed = max(self.finished - self.started, 1e-9)
+        injected = {k: v for k, v in sorted(self.faults.items()) if v}
+        return {
+            "scenario": self.name, "seed": self.seed, "events": self.expected,
+            "partitions": self.size.partitions, "faults": injected,
+            "transactions_committed": stats.committed,
+            # Aborted by the processor, plus the open transactions of killed or crashed processes, which
+            # the broker aborted when the next producer with the slot started (or their timeout ran out).
+            "transactions_aborted": stats.aborted + self.faults["processor_kill_9"] + stats.crash_points,
+            "fencing_errors": stats.fencing_errors,
+            "critical_log_lines": stats.critical,
+            "unexpected_exits": self.unexpected_exits,
+            **verified["summary"],
+            "recovery_s_p50": round(statistics.median(recovery), 2) if recovery else None,
+            "recovery_s_max": round(max(recovery), 2) if recovery else None,
+            "recoveries_measured": len(recovery),
+            "throughput_events_per_s": round(self.expected / elapsed, 1),
+            "processing_s": round(elapsed, 1),
+            "publish_s": round(self.publish_s, 1),
+            "ok": verified["ok"] and not self.unexpected_exits,
+            "invariants": verified["invariants"],
+            "notes": verified["notes"],
+        }
+
+
+# -- the scenarios ------------------------------------------------------------------------------------------
+
+
+def input_adversity(run: Run) -> dict:
+    """No process fault: the adversarial input alone (duplicates, reordering, late and stale reports,
+    malformed records) through one processor."""
+    run.start("a")
+    return run.finish("a")
+
+
+def kill_9(run: Run) -> dict:
+    run.start("a")
+    for fraction in (0.2, 0.4, 0.6):
+        run.wait_fraction(fraction)
+        run.release("a").kill()
+        run.fault("processor_kill_9")
+        run.start("a")
+    return run.finish("a")
+
+
+def sigterm_bounce(run: Run) -> dict:
+    run.start("a")
+    for fraction in (0.2, 0.4, 0.6):
+        run.wait_fraction(fraction)
+        proc = run.release("a")
+        run.fault("processor_sigterm")
+        code = proc.stop()
+        if code != 0:
+            run.unexpected_exits.append({"slot": "a", "exit_code": code, "log": proc.log_path.name,
+                                         "last_lines": proc.output().strip().splitlines()[-12:]})
+        run.start("a")
+    return run.finish("a")
+
+
+def _crash(run: Run, point: str, fault: str, env_extra: dict | None = None) -> None:
+    proc = run.start("a", env={"SETTLE_CRASH_AT": point, **(env_extra or {})}, managed=False)
+    code = proc.wait(WAIT_S)
+    reached = f"crash point {point.split(':')[0]} reached" in proc.output()
+    if code != 137 or not reached:
+        run.unexpected_exits.append({"slot": "a", "exit_code": code, "log": proc.log_path.name,
+                                     "last_lines": [f"expected exit 137 at crash point {point}"]
+                                     + proc.output().strip().splitlines()[-10:]})
+    else:
+        run.fault(fault)
+
+
+def crash_points(run: Run) -> dict:
+    """A crash at each step of the commit sequence, then in the middle of restores: one left by the crash
+    after the commit (the projection is a checkpoint behind), one of half the projections deleted."""
+    every = max(run.size.events // 2500, 3)
+    _crash(run, f"after_produce:{every}", "crash_after_produce")
+    _crash(run, f"after_send_offsets:{every}", "crash_after_send_offsets")
+    _crash(run, f"after_commit:{every}", "crash_after_commit")
+    _crash(run, "mid_restore:1", "crash_mid_restore")
+    proc = run.start("a")
+    run.wait_fraction(0.5)
+    run.release("a").stop()
+    for p in range(0, run.size.partitions, 2):
+        shutil.rmtree(run.state("a") / GROUP / f"partition-{p}", ignore_errors=True)
+    run.faults["projection_partitions_deleted"] += len(range(0, run.size.partitions, 2))
+    _crash(run, "mid_restore:2", "crash_mid_restore")
+    del proc
+    run.start("a")
+    return run.finish("a")
+
+
+def projection_deleted(run: Run) -> dict:
+    run.start("a")
+    run.wait_fraction(0.4)
+    run.release("a").stop()
+    shutil.rmtree(run.state("a"))
+    run.fault("projection_directory_deleted")
+    run.start("a")
+    run.wait_fraction(0.7)
+    run.release("a").stop()
+    shutil.rmtree(run.state("a") / GROUP / "partition-1", ignore_errors=True)
+    run.fault("projection_partition_deleted")
+    run.start("a")
+    return run.finish("a")
+
+
+def zombie(run: Run) -> dict:
+    """The zombie stops itself holding produced, uncommitted work just before sending its offsets; another
+    instance takes over after the session timeout; the zombie resumes and must commit nothing."""
+    nth = max(run.size.events // 1000, 3)
+    z = run.start("z", env={"SETTLE_PAUSE_AT": f"before_send_offsets:{nth}"},
+                  args=("--transaction-timeout-ms", "10000", "--commit-events", "300"), managed=False)
+    deadline = time.monotonic() + WAIT_S
+    while z.state() != "T":
+        if time.monotonic() > deadline or not z.alive():
+            raise ProcessorDied(f"the zombie never paused:\n{z.output()[-3000:]}")
+        time.sleep(0.1)
+    run.fault("zombie_paused")
+    paused_at = run.progress()
+    run.start("b")
+    run.wait_fraction(1.0)
+    before = _committed_counts(run)
+    z.signal(signal.SIGCONT)
+    resumed = time.monotonic()
+    deadline = resumed + 120
+    while not any(s in z.output().split("pause point before_send_offsets reached")[-1]
+                  for s in ("checkpoint aborted", "fenced", "lost partitions")):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    time.sleep(5)
+    after = _committed_counts(run)
+    tail = z.output().split("pause point before_send_offsets reached")[-1]
+    fenced = any(s in tail for s in ("checkpoint aborted", "fenced", "lost partitions"))
+    z.stop()
+    evidence = {"ok": before == after and fenced and paused_at < run.expected,
+                "results_when_paused": paused_at, "committed_records_before_resume": sum(before.values()),
+                "committed_records_after_resume": sum(after.values()),
+                "zombie_log_says": [line.split(": ", 1)[-1][:160] for line in tail.splitlines()
+                                    if any(s in line for s in ("aborted", "fenced", "lost partitions"))][:4]}
+    return run.finish("b", zombie=evidence)
+
+
+def _committed_counts(run: Run) -> dict[str, int]:
+    names = ("settlement-results", "capacity-releases", "settlement-audit", "branch-events-dlq", "ledger-changelog")
+    return {n: sum(len(v) for v in read_partitions(run.bootstrap, run.topics.name(n), decode=False).values())
+            for n in names}
+
+
+def rebalance_churn(run: Run) -> dict:
+    """1 -> 2 -> 3 -> 2 -> 1 instances while the stream is folded."""
+    run.start("s1")
+    run.wait_fraction(0.15)
+    run.fault("instance_joined")
+    run.start("s2")
+    run.wait_fraction(0.30)
+    run.fault("instance_joined")
+    run.start("s3")
+    run.wait_fraction(0.45)
+    run.fault("instance_left")
+    run.release("s3").stop()
+    run.wait_fraction(0.60)
+    run.fault("instance_left")
+    run.release("s2").stop()
+    return run.finish("s1")
+
+
+def broker_bounce(run: Run, broker: OwnBroker) -> dict:
+    """The scenario's own broker: kill -9 and restart twice, then a clean restart."""
+    run.start("a")
+    for fraction in (0.25, 0.5):
+        run.wait_fraction(fraction)
+        run.fault("broker_kill_9")
+        broker.kill9()
+        time.sleep(2)
+        broker.up()
+    run.wait_fraction(0.75)
+    run.fault("broker_clean_restart")
+    broker.down()
+    broker.up()
+    return run.finish("a")
+
+
+def network_blackhole(run: Run, port: int, outages_s: tuple) -> dict:
+    """Inside a private network namespace (faults/netns.py): the broker port blackholed with iptables
+    (every TCP segment to or from it dropped, no reset) for each outage, then opened again."""
+    run.start("a")
+    fractions = [0.2 + 0.5 * i / max(len(outages_s) - 1, 1) for i in range(len(outages_s))]
+    for fraction, outage in zip(fractions, outages_s):
+        run.wait_fraction(fraction)
+        _iptables("-I", port)
+        run.faults[f"broker_port_blackholed_{outage}s"] += 1
+        time.sleep(outage)
+        _iptables("-D", port)
+        run.fault("blackhole_lifted")
+    return run.finish("a")
+
+
+def _iptables(action: str, port: int) -> None:
+    for direction in ("--dport", "--sport"):
+        subprocess.run(["iptables", action, "INPUT", "-p", "tcp", direction, str(port), "-j", "DROP"], check=True)
+
+
+SHARED_BROKER = {
+    "input_adversity": input_adversity,
+    "kill_9": kill_9,
+    "sigterm_bounce": sigterm_bounce,
+    "crash_points": crash_points,
+    "projection_deleted": projection_deleted,
+    "zombie": zombie,
+    "rebalance_churn": rebalance_churn,
+}

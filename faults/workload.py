@@ -1,0 +1,154 @@
+"""The adversarial input: processors.workload's realistic stream (5% duplicate deliveries, 3% timeouts with
+late final reports) made harder, from the same seed:
+
+- reordered reports: a usage report or completion swapped with the next event of the same parent;
+- late reports after expiry: a completion moved past the child's lease expiry (ledger time + 40 s);
+- stale lease generations: a usage report repeated (new key, new report id) with an older generation;
+- 1% malformed records: the workload's malformed JSON lines, published as raw bytes (not Avro), so they
+  reach the processor as undecodable records (dead letters), which `settle produce` would have refused.
+
+`publish` produces it to the input topic in one idempotent producer, keyed by parent_id with the Java
+partitioner, Ticks to every partition, so each partition's order is the stream's order."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+from confluent_kafka import Producer
+
+from processors.workload import CHILD_LEASE_TTL_MS, Generator, Mix
+from schemas.codec import default_codec
+
+REORDER_RATE = 0.03
+LATE_RATE = 0.01
+STALE_RATE = 0.02
+LATE_BY_MS = CHILD_LEASE_TTL_MS + 10_000
+
+
+@dataclass
+class Workload:
+    seed: int
+    records: list  # dict events, or str for a malformed record
+    adversity: Counter = field(default_factory=Counter)
+
+    def events(self) -> int:
+        return sum(1 for r in self.records if not isinstance(r, str))
+
+
+def build(seed: int, events: int, mix: Mix = Mix()) -> Workload:
+    rng = random.Random(seed * 7919 + 1)
+    records = list(Generator(seed, mix).generate(events))
+    adversity: Counter = Counter()
+    adversity["duplicate_deliveries"] = sum(1 for r in records if isinstance(r, dict) and r["event_id"].endswith("-dup"))
+    adversity["malformed_records"] = sum(1 for r in records if isinstance(r, str))
+    records = _stale_generations(records, rng, adversity)
+    records = _reorder(records, rng, adversity)
+    records = _late(records, rng, adversity)
+    return Workload(seed, records, adversity)
+
+
+def _stale_generations(records: list, rng: random.Random, adversity: Counter) -> list:
+    out = []
+    for record in records:
+        out.append(record)
+        if (isinstance(record, dict) and record["type"] == "UsageReported" and not record["event_id"].endswith("-dup")
+                and rng.random() < STALE_RATE):
+            stale = dict(record, event_id=record["event_id"] + "-stale",
+                         idempotency_key=record["idempotency_key"] + "/stale",
+                         usage_report_id=record["usage_report_id"] + "-stale",
+                         lease_generation=record["lease_generation"] - 1, final=False)
+            out.append(stale)
+            adversity["stale_lease_generations"] += 1
+    return out
+
+
+def _reorder(records: list, rng: random.Random, adversity: Counter) -> list:
+    """Swap a report with the next event of the same parent (same partition: a real reordering)."""
+    index_of_next: dict[int, int] = {}
+    last_of_parent: dict[str, int] = {}
+    for i in range(len(records) - 1, -1, -1):
+        r = records[i]
+        if isinstance(r, dict) and r["parent_id"]:
+            if r["parent_id"] in last_of_parent:
+                index_of_next[i] = last_of_parent[r["parent_id"]]
+            last_of_parent[r["parent_id"]] = i
+    swapped: set[int] = set()
+    for i, r in enumerate(records):
+        if (i in swapped or not isinstance(r, dict) or r["type"] not in ("UsageReported", "ChildCompleted")
+                or i not in index_of_next or rng.random() >= REORDER_RATE):
+            continue
+        j = index_of_next[i]
+        if j in swapped:
+            continue
+        records[i], records[j] = records[j], records[i]
+        swapped.update((i, j))
+        adversity["reordered_reports"] += 1
+    return records
+
+
+def _late(records: list, rng: random.Random, adversity: Counter) -> list:
+    """Move completions past the child's lease expiry: after the first tick LATE_BY_MS beyond them."""
+    ticks = [(i, r["now_ms"]) for i, r in enumerate(records) if isinstance(r, dict) and r["type"] == "Tick"]
+    moves: dict[int, list] = {}
+    dropped: set[int] = set()
+    for i, r in enumerate(records):
+        if not isinstance(r, dict) or r["type"] != "ChildCompleted" or rng.random() >= LATE_RATE:
+            continue
+        target = next((ti for ti, now in ticks if now >= r["occurred_at_ms"] + LATE_BY_MS), None)
+        if target is None or target <= i:
+            continue
+        dropped.add(i)
+        moves.setdefault(target, []).append(r)
+        adversity["late_reports_after_expiry"] += 1
+    out = []
+    for i, r in enumerate(records):
+        if i not in dropped:
+            out.append(r)
+        out.extend(moves.get(i, ()))
+    return out
+
+
+def publish(workload: Workload, bootstrap: str, topic: str, partitions: int) -> int:
+    """Produce the stream; return how many input records the processors must fold into results."""
+    codec = default_codec()
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                         "partitioner": "murmur2_random", "linger.ms": 20, "log_level": 0,
+                         "queue.buffering.max.messages": 200_000})
+    failures = []
+
+    def delivered(err, _msg) -> None:
+        if err is not None:
+            failures.append(err)
+
+    def send(value: bytes, key: bytes | None, partition: int | None = None) -> None:
+        while True:
+            try:
+                if partition is None:
+                    producer.produce(topic, value=value, key=key, on_delivery=delivered)
+                else:
+                    producer.produce(topic, value=value, key=key, partition=partition, on_delivery=delivered)
+                return
+            except BufferError:
+                producer.poll(0.05)
+
+    expected = 0
+    for n, record in enumerate(workload.records):
+        if isinstance(record, str):
+            send(record.encode(), f"malformed-{n}".encode())
+            continue
+        event = codec.event_from_json(record)
+        value = codec.encode_event(event)
+        if event["type"] == "Tick":
+            for p in range(partitions):
+                send(value, None, p)
+            expected += partitions
+        else:
+            send(value, event["parent_id"].encode())
+            expected += 1
+    remaining = producer.flush(120)
+    if failures or remaining:
+        raise RuntimeError(f"publishing the workload: {len(failures)} failed, {remaining} unacknowledged: "
+                           f"{failures[:1]}")
+    return expected
