@@ -15,8 +15,11 @@ from projections.view import LedgerView
 
 
 def touch(ctx: EventContext, view: LedgerView, parent: dict, child: dict | None = None) -> None:
-    ctx.touched[parent["parent_id"]] = parent
-    view.put_parent(parent)
+    # Most steps of an event touch its parent again: once it is marked changed, the view holds this very
+    # record until the checkpoint, so putting it again would change nothing.
+    if ctx.touched.get(parent["parent_id"]) is not parent:
+        ctx.touched[parent["parent_id"]] = parent
+        view.put_parent(parent)
     if child is not None:
         view.put_child(child)
 
