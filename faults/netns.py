@@ -34,14 +34,14 @@ def ensure_tools() -> None:
             raise RuntimeError(f"`{' '.join(cmd)}` failed:\n{done.stderr[-2000:]}")
 
 
-def run_in_namespace(work_dir: Path, seed: int, events: int, partitions: int, outages_s: tuple,
+def run_in_namespace(work_dir: Path, seed: int, events: int, partitions: int, outages_s: tuple, stall_s: float,
                      timeout_s: float = 2400) -> dict:
     ensure_tools()
     work_dir.mkdir(parents=True, exist_ok=True)
     out = work_dir / "netns-report.json"
     out.unlink(missing_ok=True)
     config = {"work_dir": str(work_dir), "seed": seed, "events": events, "partitions": partitions,
-              "outages_s": list(outages_s), "out": str(out)}
+              "outages_s": list(outages_s), "out": str(out), "stall_s": stall_s}
     log = open(work_dir / "netns-driver.log", "wb")
     proc = subprocess.Popen(["unshare", "-n", sys.executable, "-m", "faults.netns", json.dumps(config)],
                             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
     try:
         broker.up()
         run = Run("network_blackhole", config["seed"], Size(config["events"], config["partitions"]), broker.bootstrap,
-                  work_dir / "run")
+                  work_dir / "run", stall_s=config["stall_s"])
         run.setup()
         report = network_blackhole(run, BROKER_PORT, tuple(config["outages_s"]))
         report["where"] = "own broker and processor in a private network namespace (unshare -n), iptables DROP"

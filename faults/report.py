@@ -11,13 +11,13 @@ COLUMNS = (("scenario", "scenario"), ("seed", "seed"), ("events", "events"), ("f
            ("releases_observed", "releases observed"), ("duplicates", "dup"), ("missing", "missing"),
            ("mismatches", "mismatch"), ("open_transactions", "open txn"), ("recovery_s_p50", "recovery p50 s"),
            ("recovery_s_max", "recovery max s"), ("throughput_events_per_s", "events/s under faults"),
-           ("ok", "ok"))
+           ("ok", "invariants hold"), ("live", "live (no stuck or crashed processor)"))
 
 
 def _cell(key: str, value) -> str:
     if key == "faults" and isinstance(value, dict):
         return "<br>".join(f"{k} {v}" for k, v in value.items())
-    if key == "ok":
+    if key in ("ok", "live"):
         return "yes" if value else "**NO**"
     return "" if value is None else str(value)
 
@@ -45,6 +45,10 @@ def markdown(doc: dict) -> str:
             for e in s["unexpected_exits"]:
                 lines.append(f"  - processor {e['slot']} exited unexpectedly with {e['exit_code']} ({e['log']}): "
                              f"`{(e['last_lines'] or [''])[-1][:300]}`")
+        for st in s.get("stalls", []):
+            lines.append(f"  - processor {st['slot']} stuck for {st['stalled_s']} s at {st['results']} results"
+                         + (f", blocked in `{st['blocked_in']}`" if st.get("blocked_in") else "")
+                         + f" ({st['log']}); killed and restarted by the watchdog")
         if s["scenario"] == "zombie" and "I6" in s["invariants"]:
             z = s["invariants"]["I6"]
             lines.append(f"  - I6: committed records {z['committed_records_before_resume']} before the zombie "

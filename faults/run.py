@@ -22,7 +22,7 @@ from faults import sim
 from faults.kafka_io import REPO, OwnBroker, broker_answers
 from faults.netns import run_in_namespace
 from faults.report import write_reports
-from faults.scenarios import SHARED_BROKER, Run, Size, broker_bounce
+from faults.scenarios import SHARED_BROKER, STALL_S, Run, Size, broker_bounce
 
 ORDER = (*SHARED_BROKER, "broker_bounce", "network_blackhole")
 FULL = {"events": 100_000, "partitions": 8, "sim_runs": 5_000, "outages_s": (5, 15, 30)}
@@ -34,18 +34,19 @@ def shared_bootstrap() -> str:
     return os.environ.get("SETTLE_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
 
 
-def run_scenario(name: str, seed: int, size: Size, outages_s: tuple, work: Path) -> dict:
+def run_scenario(name: str, seed: int, size: Size, outages_s: tuple, work: Path, stall_s: float = STALL_S,
+                 hard_bounces: int = 2) -> dict:
     started = time.monotonic()
     try:
         if name == "network_blackhole":
-            report = run_in_namespace(work / name, seed, size.events, size.partitions, outages_s)
+            report = run_in_namespace(work / name, seed, size.events, size.partitions, outages_s, stall_s)
         elif name == "broker_bounce":
             broker = OwnBroker(work / name / "kafka")
             run = None
             try:
                 broker.up()
-                run = Run(name, seed, size, broker.bootstrap, work / name / "run").setup()
-                report = broker_bounce(run, broker)
+                run = Run(name, seed, size, broker.bootstrap, work / name / "run", stall_s=stall_s).setup()
+                report = broker_bounce(run, broker, hard_bounces)
                 report["where"] = f"own broker on 127.0.0.1:{broker.port}"
             finally:
                 if run is not None:
@@ -53,7 +54,7 @@ def run_scenario(name: str, seed: int, size: Size, outages_s: tuple, work: Path)
                 broker.ensure_stopped()
                 shutil.rmtree(work / name / "kafka", ignore_errors=True)
         else:
-            run = Run(name, seed, size, shared_bootstrap(), work / name)
+            run = Run(name, seed, size, shared_bootstrap(), work / name, stall_s=stall_s)
             try:
                 run.setup()
                 report = SHARED_BROKER[name](run)

@@ -23,6 +23,9 @@ from faults.workload import build, publish
 
 GROUP = "settle"
 WAIT_S = 900.0
+# No committed result for this long while results are missing and processors run: they are stuck. A
+# liveness probe would restart them; the watchdog does (kill -9, restart) and the report counts it.
+STALL_S = 75.0
 
 
 @dataclass
@@ -51,11 +54,14 @@ class Run:
     processes: list = field(default_factory=list)
     managed: dict = field(default_factory=dict)  # slot -> the process that should be running
     unexpected_exits: list = field(default_factory=list)
+    stalls: list = field(default_factory=list)
     started: float = 0.0
     finished: float = 0.0
     publish_s: float = 0.0
     reader: ContinuousReader | None = None
     seq: int = 0
+    injected_at: list = field(default_factory=list)  # committed fraction of the results at each fault
+    stall_s: float = STALL_S
 
     # -- setup and teardown -----------------------------------------------------------------------------
 
@@ -108,6 +114,7 @@ class Run:
         return self.managed.pop(slot)
 
     def supervise(self) -> None:
+        self._watchdog()
         for slot, proc in list(self.managed.items()):
             if not proc.alive():
                 code = proc.proc.returncode
@@ -117,6 +124,34 @@ class Run:
                 print(f"faults: {self.name}: processor {slot} exited unexpectedly ({code}); restarting it")
                 self.faults["processor_restarts_after_unexpected_exit"] += 1
                 self.start(slot)
+
+    def _watchdog(self) -> None:
+        now = time.monotonic()
+        last = max(self.reader.progress[-1][0], max((t for _, t, _ in self.recoveries), default=0.0))
+        if self.progress() >= self.expected or now - last < self.stall_s or not self.managed:
+            return
+        for slot, proc in list(self.managed.items()):
+            if not proc.alive() or proc.state() == "T":
+                continue
+            evidence = native_stack(proc.pid)
+            self.stalls.append({"slot": slot, "log": proc.log_path.name, "results": self.progress(),
+                                "stalled_s": round(now - last, 1), "blocked_in": evidence,
+                                "last_lines": [line[:300] for line in proc.output().strip().splitlines()[-6:]]})
+            print(f"faults: {self.name}: no progress for {now - last:.0f} s; processor {slot} blocked in "
+                  f"{evidence or '?'}: kill -9 and restart (as a liveness probe would)")
+            proc.kill()
+            self.faults["watchdog_kill_9_of_stuck_processor"] += 1
+            self.managed[slot] = self.start(slot)
+        self.recoveries.append(("watchdog", time.monotonic(), self.progress()))
+
+    def wait_running(self, proc: ProcessorProcess, timeout_s: float = 180) -> None:
+        """Until the process owns partitions (its signal handlers are installed, its restore is done)."""
+        deadline = time.monotonic() + timeout_s
+        while "assigned partitions" not in proc.output():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{proc.slot} was never assigned partitions:\n{proc.output()[-2000:]}")
+            self.supervise()
+            time.sleep(0.1)
 
     def progress(self) -> int:
         return self.reader.results
@@ -128,6 +163,7 @@ class Run:
         """Record a fault injected now: recovery is measured from here to the next committed result."""
         self.faults[kind] += 1
         self.recoveries.append((kind, time.monotonic(), self.progress()))
+        self.injected_at.append(round(self.progress() / max(self.expected, 1), 3))
 
     # -- the end ------------------------------------------------------------------------------------------
 
@@ -175,18 +211,24 @@ class Run:
             "transactions_committed": stats.committed,
             # Aborted by the processor, plus the open transactions of killed or crashed processes, which
             # the broker aborted when the next producer with the slot started (or their timeout ran out).
-            "transactions_aborted": stats.aborted + self.faults["processor_kill_9"] + stats.crash_points,
+            "transactions_aborted": stats.aborted + self.faults["processor_kill_9"] + stats.crash_points
+            + self.faults["watchdog_kill_9_of_stuck_processor"],
             "fencing_errors": stats.fencing_errors,
             "critical_log_lines": stats.critical,
             "unexpected_exits": self.unexpected_exits,
+            "stalls": self.stalls,
             **verified["summary"],
             "recovery_s_p50": round(statistics.median(recovery), 2) if recovery else None,
             "recovery_s_max": round(max(recovery), 2) if recovery else None,
             "recoveries_measured": len(recovery),
+            "progress_at_faults": self.injected_at,
             "throughput_events_per_s": round(self.expected / elapsed, 1),
             "processing_s": round(elapsed, 1),
             "publish_s": round(self.publish_s, 1),
-            "ok": verified["ok"] and not self.unexpected_exits,
+            # Safety: every invariant holds. Liveness (no stuck processor, no unexpected exit) is reported
+            # beside it: a processor that needed the watchdog is a finding, not a lost or doubled release.
+            "ok": verified["ok"],
+            "live": not self.unexpected_exits and not self.stalls,
             "invariants": verified["invariants"],
             "notes": verified["notes"],
         }
@@ -203,17 +245,17 @@ def input_adversity(run: Run) -> dict:
 
 
 def kill_9(run: Run) -> dict:
-    run.start("a")
+    run.wait_running(run.start("a"))
     for fraction in (0.2, 0.4, 0.6):
         run.wait_fraction(fraction)
         run.release("a").kill()
         run.fault("processor_kill_9")
-        run.start("a")
+        run.wait_running(run.start("a"))
     return run.finish("a")
 
 
 def sigterm_bounce(run: Run) -> dict:
-    run.start("a")
+    run.wait_running(run.start("a"))
     for fraction in (0.2, 0.4, 0.6):
         run.wait_fraction(fraction)
         proc = run.release("a")
@@ -222,7 +264,7 @@ def sigterm_bounce(run: Run) -> dict:
         if code != 0:
             run.unexpected_exits.append({"slot": "a", "exit_code": code, "log": proc.log_path.name,
                                          "last_lines": proc.output().strip().splitlines()[-12:]})
-        run.start("a")
+        run.wait_running(run.start("a"))
     return run.finish("a")
 
 
@@ -264,7 +306,7 @@ def projection_deleted(run: Run) -> dict:
     run.release("a").stop()
     shutil.rmtree(run.state("a"))
     run.fault("projection_directory_deleted")
-    run.start("a")
+    run.wait_running(run.start("a"))
     run.wait_fraction(0.7)
     run.release("a").stop()
     shutil.rmtree(run.state("a") / GROUP / "partition-1", ignore_errors=True)
@@ -321,10 +363,10 @@ def rebalance_churn(run: Run) -> dict:
     run.start("s1")
     run.wait_fraction(0.15)
     run.fault("instance_joined")
-    run.start("s2")
+    run.wait_running(run.start("s2"))
     run.wait_fraction(0.30)
     run.fault("instance_joined")
-    run.start("s3")
+    run.wait_running(run.start("s3"))
     run.wait_fraction(0.45)
     run.fault("instance_left")
     run.release("s3").stop()
@@ -334,10 +376,10 @@ def rebalance_churn(run: Run) -> dict:
     return run.finish("s1")
 
 
-def broker_bounce(run: Run, broker: OwnBroker) -> dict:
-    """The scenario's own broker: kill -9 and restart twice, then a clean restart."""
-    run.start("a")
-    for fraction in (0.25, 0.5):
+def broker_bounce(run: Run, broker: OwnBroker, hard: int = 2) -> dict:
+    """The scenario's own broker: kill -9 and restart (twice), then a clean restart."""
+    run.wait_running(run.start("a"))
+    for fraction in (0.25, 0.5)[:hard]:
         run.wait_fraction(fraction)
         run.fault("broker_kill_9")
         broker.kill9()
@@ -363,6 +405,21 @@ def network_blackhole(run: Run, port: int, outages_s: tuple) -> dict:
         _iptables("-D", port)
         run.fault("blackhole_lifted")
     return run.finish("a")
+
+
+def native_stack(pid: int) -> str:
+    """The librdkafka / confluent-kafka calls on the main thread's native stack (gdb, when installed)."""
+    if not shutil.which("gdb"):
+        return ""
+    try:
+        out = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "bt 40"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except subprocess.TimeoutExpired:
+        return ""
+    frames = [line.split(" in ", 1)[1].split(" (")[0] for line in out.splitlines()
+              if line.startswith("#") and " in " in line and ("rd_kafka" in line or "Producer_" in line
+                                                              or "Consumer_" in line)]
+    return " <- ".join(dict.fromkeys(frames))
 
 
 def _iptables(action: str, port: int) -> None:
