@@ -268,34 +268,51 @@ def sigterm_bounce(run: Run) -> dict:
     return run.finish("a")
 
 
-def _crash(run: Run, point: str, fault: str, env_extra: dict | None = None) -> None:
-    proc = run.start("a", env={"SETTLE_CRASH_AT": point, **(env_extra or {})}, managed=False)
-    code = proc.wait(WAIT_S)
+def _crash(run: Run, point: str, fault: str) -> None:
+    """One incarnation with SETTLE_CRASH_AT=point (small checkpoints, so the n-th one comes soon): it
+    must exit 137 at that point. One that finishes the stream without reaching it is stopped and reported."""
+    proc = run.start("a", env={"SETTLE_CRASH_AT": point}, args=("--commit-events", "100"), managed=False)
+    deadline = time.monotonic() + WAIT_S
+    idle_since = None
+    while proc.alive() and time.monotonic() < deadline:
+        if run.progress() >= run.expected:
+            idle_since = idle_since or time.monotonic()
+            if time.monotonic() - idle_since > 10:
+                break
+        time.sleep(0.1)
+    if proc.alive():
+        proc.stop()
     reached = f"crash point {point.split(':')[0]} reached" in proc.output()
-    if code != 137 or not reached:
-        run.unexpected_exits.append({"slot": "a", "exit_code": code, "log": proc.log_path.name,
+    if proc.proc.returncode != 137 or not reached:
+        run.unexpected_exits.append({"slot": "a", "exit_code": proc.proc.returncode, "log": proc.log_path.name,
                                      "last_lines": [f"expected exit 137 at crash point {point}"]
                                      + proc.output().strip().splitlines()[-10:]})
     else:
         run.fault(fault)
 
 
-def crash_points(run: Run) -> dict:
-    """A crash at each step of the commit sequence, then in the middle of restores: one left by the crash
-    after the commit (the projection is a checkpoint behind), one of half the projections deleted."""
-    every = max(run.size.events // 2500, 3)
-    _crash(run, f"after_produce:{every}", "crash_after_produce")
-    _crash(run, f"after_send_offsets:{every}", "crash_after_send_offsets")
-    _crash(run, f"after_commit:{every}", "crash_after_commit")
-    _crash(run, "mid_restore:1", "crash_mid_restore")
-    proc = run.start("a")
-    run.wait_fraction(0.5)
+def _run_until(run: Run, fraction: float) -> None:
+    run.wait_running(run.start("a"))
+    run.wait_fraction(fraction)
     run.release("a").stop()
+
+
+def crash_points(run: Run) -> dict:
+    """A crash at each step of the commit sequence (at about 15, 30 and 45%), then in the middle of two
+    restores: the one the crash after the commit leaves (the projection is a checkpoint behind its
+    changelog; nothing deleted), and at 60% one of half the partition projections deleted."""
+    _run_until(run, 0.15)
+    _crash(run, "after_produce:2", "crash_after_produce")
+    _run_until(run, 0.30)
+    _crash(run, "after_send_offsets:2", "crash_after_send_offsets")
+    _run_until(run, 0.45)
+    _crash(run, "after_commit:2", "crash_after_commit")
+    _crash(run, "mid_restore:1", "crash_mid_restore")
+    _run_until(run, 0.60)
     for p in range(0, run.size.partitions, 2):
         shutil.rmtree(run.state("a") / GROUP / f"partition-{p}", ignore_errors=True)
     run.faults["projection_partitions_deleted"] += len(range(0, run.size.partitions, 2))
     _crash(run, "mid_restore:2", "crash_mid_restore")
-    del proc
     run.start("a")
     return run.finish("a")
 
