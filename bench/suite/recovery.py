@@ -1,0 +1,166 @@
+"""Replay (a file, the topic) and restore (a projection rebuilt from the changelog), each next to its ceiling:
+the same records decoded or consumed with nothing else done. Each measurement runs in a fresh process
+(`python -m bench.suite.recovery KIND ...`, one JSON line on stdout), so no heap or thread of the benchmark
+driver weighs on it.
+
+- file:    `settle replay FILE`'s path (processors.replay over a JSON Lines file, in-memory store) vs
+           reading and decoding the same lines into events (processors.replay.read_events);
+- topic:   `settle replay --topic`'s audit replay (processors.kafka.topic_replay.audit_replay: re-fold the
+           input topic, compare every output) vs a raw read_committed consume of the same topics (raw_consume);
+- restore: processors.kafka.restore.restore into empty RocksDB projections, to the group's committed
+           offsets, vs a raw read_committed consume of the changelog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from processors.kafka.restore import restore
+from processors.kafka.topic_replay import OUTPUT_TOPICS, audit_replay
+from processors.replay import read_events, replay
+from projections import keys
+from projections.store import MemoryStore, RocksStore
+from schemas.codec import default_codec
+
+
+def timed(fn):
+    started = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - started
+
+
+def ceiling_around(ceiling, measured):
+    """The ceiling timed before and after the measurement, the faster kept (a ceiling is a best case, and
+    the first read of a topic may find the broker's page cache colder than the second)."""
+    value, first_s = timed(ceiling)
+    result, measured_s = timed(measured)
+    _, second_s = timed(ceiling)
+    return value, min(first_s, second_s), result, measured_s
+
+
+def raw_consume(config: dict, topic: str, partitions: int) -> int:
+    """Every committed record of `topic`, read_committed from the beginning to the end, touching each value:
+    the ceiling of anything that has to read the topic. Returns the record count."""
+    consumer = Consumer({**config, "group.id": "bench-raw-consume", "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "enable.partition.eof": True})
+    try:
+        pending = set(range(partitions))
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
+        count = 0
+        while pending:
+            # a short timeout: consume(n) waits it out whenever fewer than n records are left
+            for message in consumer.consume(num_messages=1_000, timeout=0.1):
+                err = message.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(message.partition())
+                    continue
+                count += 1
+                len(message.value() or b"")
+        return count
+    finally:
+        consumer.close()
+
+
+def file_replay(path: str) -> dict:
+    codec = default_codec()
+    lines, decode_s, (result, _), replay_s = ceiling_around(
+        lambda: sum(1 for _ in read_events(path, codec)),
+        lambda: replay(read_events(path, codec), MemoryStore(), codec=codec))
+    return {"records": lines, "events": result.events, "dead_letters": len(result.dead_letters),
+            "replay_s": round(replay_s, 3), "replay_events_per_s": round(lines / replay_s),
+            "ceiling_s": round(decode_s, 3), "ceiling_events_per_s": round(lines / decode_s)}
+
+
+def topic_replay(bootstrap: str, names: dict[str, str], partitions: int) -> dict:
+    config = {"bootstrap.servers": bootstrap}
+    codec = default_codec()
+    topics = ["branch-events", *OUTPUT_TOPICS]
+    consumed, consume_s, report, replay_s = ceiling_around(
+        lambda: {t: raw_consume(config, names[t], partitions) for t in topics},
+        lambda: audit_replay(config, names, codec, progress_stream=open("/dev/null", "w")))
+    events = consumed["branch-events"]
+    return {"records": events, "output_records": sum(consumed.values()) - events, "agrees": report.agrees,
+            "divergences": len(report.divergences), "replay_s": round(replay_s, 3),
+            "replay_events_per_s": round(events / replay_s), "ceiling_s": round(consume_s, 3),
+            "ceiling_events_per_s": round(events / consume_s)}
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        found = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in found}
+
+
+def restore_projection(bootstrap: str, changelog: str, input_topic: str, group: str, partitions: int) -> dict:
+    config = {"bootstrap.servers": bootstrap}
+    targets = committed_offsets(bootstrap, group, input_topic, partitions)
+    with tempfile.TemporaryDirectory(prefix="bench-restore-") as tmp:
+        stores = {p: RocksStore(Path(tmp) / f"partition-{p}") for p in range(partitions)}
+        try:
+            records, consume_s, applied, restore_s = ceiling_around(
+                lambda: raw_consume(config, changelog, partitions),
+                lambda: restore(stores, config, changelog, f"bench-restore-{group}", targets))
+            children = sum(1 for store in stores.values() for _ in store.scan(keys.prefix(keys.CHILD)))
+        finally:
+            for store in stores.values():
+                store.close()
+    return {"changelog_records": records, "records_applied": sum(applied.values()), "children": children,
+            "restore_s": round(restore_s, 3), "restore_records_per_s": round(sum(applied.values()) / restore_s),
+            "restore_children_per_s": round(children / restore_s),
+            "restore_s_per_million_children": round(restore_s * 1e6 / children, 1) if children else None,
+            "ceiling_s": round(consume_s, 3), "ceiling_records_per_s": round(records / consume_s),
+            "ceiling_children_per_s": round(children / consume_s)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    kinds = parser.add_subparsers(dest="kind", required=True)
+    f = kinds.add_parser("file", help="settle replay FILE vs decoding the file")
+    f.add_argument("path")
+    t = kinds.add_parser("topic", help="settle replay --topic vs consuming the topics")
+    t.add_argument("--bootstrap-servers", required=True)
+    t.add_argument("--names", required=True, help="JSON: logical topic name -> physical name")
+    t.add_argument("--partitions", type=int, required=True)
+    r = kinds.add_parser("restore", help="restore from the changelog vs consuming it")
+    r.add_argument("--bootstrap-servers", required=True)
+    r.add_argument("--names", required=True)
+    r.add_argument("--group", required=True, help="the processor's group (its committed offsets are the target)")
+    r.add_argument("--partitions", type=int, required=True)
+    args = parser.parse_args(argv)
+    if args.kind == "file":
+        out = file_replay(args.path)
+    elif args.kind == "topic":
+        out = topic_replay(args.bootstrap_servers, json.loads(args.names), args.partitions)
+    else:
+        names = json.loads(args.names)
+        out = restore_projection(args.bootstrap_servers, names["ledger-changelog"], names["branch-events"],
+                                 args.group, args.partitions)
+    print(json.dumps(out))
+    return 0
+
+
+def run(kind_args: list[str], timeout_s: float = 1800) -> dict:
+    """Run one measurement in a fresh process; its JSON line."""
+    import subprocess
+
+    from bench.suite.env import REPO
+    done = subprocess.run([sys.executable, "-m", "bench.suite.recovery", *kind_args], capture_output=True, text=True,
+                          cwd=REPO, timeout=timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench.suite.recovery {kind_args[0]} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
