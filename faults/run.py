@@ -1,5 +1,7 @@
 """`python -m faults.run` (= `make faults`): the whole fault-injection suite, then faults/report.json and
-faults/report.md. `--quick` runs the reduced sizes; `--only a,b` a subset of scenarios.
+faults/report.md. `--quick` runs the reduced sizes; `--only a,b` a subset of scenarios. Exit code 0: every
+invariant held and no processor needed the watchdog; 1: an invariant failed; 2: every invariant held, but
+a processor got stuck or exited unexpectedly (liveness).
 
 Scenarios on the shared broker (SETTLE_BOOTSTRAP_SERVERS, default 127.0.0.1:9092) only use topics of
 their own; the broker bounces run on a broker of the suite's own, and the network faults on another one
@@ -114,9 +116,14 @@ def main(argv: list[str] | None = None) -> int:
         "ok": all(s.get("ok") for s in scenarios) and (simulation is None or simulation["ok"]),
         "scenarios": scenarios, "simulation": simulation,
     }
+    document["not_live"] = [s["scenario"] for s in scenarios if s.get("live") is False]
+    document["live"] = not document["not_live"]
     write_reports(document, Path(args.out))
-    print(f"faults: {'ALL OK' if document['ok'] else 'FAILURES'}; report in {args.out}/report.md")
-    return 0 if document["ok"] else 1
+    print(f"faults: {'every invariant holds' if document['ok'] else 'INVARIANTS FAILED'}; "
+          f"{'live' if document['live'] else 'NOT LIVE in ' + ', '.join(document['not_live'])}; "
+          f"report in {args.out}/report.md")
+    # 1: something was lost, doubled or left open. 2: all safe, but a processor got stuck or crashed.
+    return 1 if not document["ok"] else (2 if not document["live"] else 0)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from faults import sim
 
 pytestmark = [pytest.mark.unit, pytest.mark.fault]
 
-RUNS = 500
+RUNS = 600
 
 
 def test_many_seeded_runs_commit_exactly_what_a_fault_free_run_commits() -> None:
