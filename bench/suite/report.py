@@ -20,6 +20,10 @@ def _fmt(value, unit: str = "") -> str:
     return f"{text}{unit}"
 
 
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
 def _met(ok: bool | None) -> str:
     return "–" if ok is None else ("yes" if ok else "**no**")
 
@@ -30,11 +34,11 @@ def markdown(doc: dict) -> str:
     rows = [("measurement", "value", "ceiling", "ratio", "target", "met")]
     t = doc["throughput"]
     rows.append(("processor throughput (events/s, end to end)", _fmt(doc["processor_events_per_s"]),
-                 _fmt(doc["ceiling_events_per_s"]), _fmt(doc["processor_to_ceiling"]), "≥ 0.6 of ceiling",
+                 _fmt(doc["ceiling_events_per_s"]), _ratio(doc["processor_to_ceiling"]), "≥ 0.6 of ceiling",
                  _met(doc["targets"]["throughput"])))
     rows.append(("processor throughput, steady 10–90% (events/s)", _fmt(t["processor"]["steady_events_per_s"]),
                  _fmt(t["ceiling"]["steady_events_per_s"]),
-                 _fmt(ratio(t["processor"]["steady_events_per_s"], t["ceiling"]["steady_events_per_s"])), "", ""))
+                 _ratio(ratio(t["processor"]["steady_events_per_s"], t["ceiling"]["steady_events_per_s"])), "", ""))
     lc = doc["latency"]["ceiling_at_50"]
     lf = doc["latency"]["ceiling_at_50_fixed_period"]
     for level in doc["latency"]["levels"]:
@@ -45,14 +49,14 @@ def markdown(doc: dict) -> str:
         rows.append((f"latency at {load} load ({_fmt(level['achieved_events_per_s'])} events/s): p50 / p99 / max (ms)",
                      f"{_fmt(level['p50'])} / {_fmt(level['p99'])} / {_fmt(level['max'])}",
                      f"{_fmt(lc['p50'])} / {_fmt(lc['p99'])} / {_fmt(lc['max'])}" if half else "",
-                     f"p99 × {_fmt(ratio(level['p99'], lc['p99']))}" if half else "", target, met))
+                     f"p99 × {_ratio(ratio(level['p99'], lc['p99']))}" if half else "", target, met))
     rf, rt, rs = doc["replay"]["file"], doc["replay"]["topic"], doc["restore"]
     rows.append(("replay, file (`settle replay FILE`, events/s)", _fmt(rf["replay_events_per_s"]),
-                 _fmt(rf["ceiling_events_per_s"]), _fmt(rf["to_ceiling"]), "", ""))
+                 _fmt(rf["ceiling_events_per_s"]), _ratio(rf["to_ceiling"]), "", ""))
     rows.append(("replay, topic (`settle replay --topic`, audit, events/s)", _fmt(rt["replay_events_per_s"]),
-                 _fmt(rt["ceiling_events_per_s"]), _fmt(rt["to_ceiling"]), "", ""))
+                 _fmt(rt["ceiling_events_per_s"]), _ratio(rt["to_ceiling"]), "", ""))
     rows.append((f"restore from the changelog (children/s; {_fmt(rs['children'])} children)",
-                 _fmt(rs["restore_children_per_s"]), _fmt(rs["ceiling_children_per_s"]), _fmt(rs["to_ceiling"]),
+                 _fmt(rs["restore_children_per_s"]), _fmt(rs["ceiling_children_per_s"]), _ratio(rs["to_ceiling"]),
                  "", ""))
     rows.append(("restore: seconds per million children", _fmt(rs["restore_s_per_million_children"]), "", "", "", ""))
     mem = doc["memory"]
@@ -61,7 +65,7 @@ def markdown(doc: dict) -> str:
     sc = doc["scaling"]
     rows.append(("scaling: 1 → 2 processes (events/s)",
                  f"{_fmt(sc['1']['events_per_s'])} → {_fmt(sc['2']['events_per_s'])}", _fmt(doc["ceiling_events_per_s"]),
-                 f"× {_fmt(sc['speedup'])}", "", ""))
+                 f"× {_ratio(sc['speedup'])}", "", ""))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lines = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
