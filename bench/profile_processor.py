@@ -97,7 +97,7 @@ def run(args) -> None:
         records = backlog.realistic(args.seed, args.events, topic_set.partitions)
         load = backlog.HeldLoad(env.client_config(), topic_set.name(INPUT), records, f"bench-{env.run_id}-profile")
         with tempfile.TemporaryDirectory(prefix="bench-profile-") as state_dir:
-            config = ProcessorConfig(bootstrap_servers=args.bootstrap_servers, group_id=f"bench-profile-{env.run_id}",
+            config = ProcessorConfig(bootstrap_servers=args.bootstrap_servers, group_id=env.group("profile"),
                                      topic_prefix=topic_set.prefix, state_dir=state_dir,
                                      worker_slot=f"profile-{env.run_id}", tick_interval_ms=0,
                                      session_timeout_ms=6000)

@@ -130,7 +130,7 @@ class Suite:
         levels = latency.measure(
             env, topics_l, records, rates, s.latency_seconds, s.latency_warmup_s,
             start=lambda: procs.processor(env.bootstrap_servers, topics_l.prefix, self.work_dir / "state-latency",
-                                          "bench-latency", f"{env.run_id}-latency"),
+                                          env.group("latency"), f"{env.run_id}-latency"),
             stop=procs.stop)
         env.delete(topics_l)
         for level in levels:
@@ -186,7 +186,8 @@ class Suite:
         mem = memory.measure(env, self.procs, m, s.children, thirds, self.work_dir).as_dict()
         log(f"  peak RSS {mem['peak_rss_mb']} MB by phase {mem['peak_rss_mb_by_phase']}; restore ...")
         restored = recovery.run(["restore", "--bootstrap-servers", env.bootstrap_servers, "--names",
-                                 json.dumps(m.names), "--group", "bench-memory", "--partitions", str(m.partitions)])
+                                 json.dumps(m.names), "--group", env.group("memory"), "--partitions",
+                                 str(m.partitions)])
         env.delete(m)
         log(f"  restore {restored['restore_children_per_s']:,} children/s")
         restored["to_ceiling"] = report.ratio(restored["restore_children_per_s"], restored["ceiling_children_per_s"])

@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from processors.kafka import topics
@@ -39,12 +40,20 @@ class Env:
     bootstrap_servers: str
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     created: list[TopicSet] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
 
     def client_config(self) -> dict[str, str]:
         return {"bootstrap.servers": self.bootstrap_servers}
+
+    def group(self, label: str) -> str:
+        """A consumer group of this run only (two runs at once must not share a group); deleted at the end."""
+        name = f"bench-{self.run_id}-{label}"
+        if name not in self.groups:
+            self.groups.append(name)
+        return name
 
     def topic_set(self, label: str) -> TopicSet:
         """Fresh topics `bench.<run id>.<label>.*`, with the spec's partitions and configs."""
@@ -68,6 +77,13 @@ class Env:
         names = [name for name in self.admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics if name.startswith(prefix)]
         topics.delete_topics(self.admin, names, timeout_s=ADMIN_TIMEOUT_S)
         self.created.clear()
+        if self.groups:
+            for future in self.admin.delete_consumer_groups(self.groups, request_timeout=ADMIN_TIMEOUT_S).values():
+                try:
+                    future.result()
+                except KafkaException:
+                    pass  # a group that never committed does not exist: nothing to delete
+            self.groups.clear()
 
 
 def git_commit() -> dict:

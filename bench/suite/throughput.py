@@ -41,7 +41,7 @@ def run_processors(env: Env, procs: Procs, topic_set: TopicSet, records: list[Re
                    work_dir: Path, label: str, keep_running: bool = False) -> tuple[Run, list]:
     """`processes` instances of `settle run` in one group on `topic_set`, through the backlog `records`.
     With `keep_running` the processes are returned still running (for a test that goes on with them)."""
-    group = f"bench-{label}"
+    group = env.group(label)
     state_dir = work_dir / f"state-{label}"
     load = HeldLoad(env.client_config(), topic_set.name(INPUT), records, f"bench-{env.run_id}-load-{label}")
     children = [procs.processor(env.bootstrap_servers, topic_set.prefix, state_dir, group, f"{env.run_id}-{label}-{i}")
@@ -82,7 +82,7 @@ def start_passthrough(env: Env, procs: Procs, plan_path: Path, target: TopicSet,
                       schedule: str = "end"):
     return procs.module("bench.suite.passthrough", [
         "--bootstrap-servers", env.bootstrap_servers, "--plan", str(plan_path), "--input", target.name(INPUT),
-        "--output-prefix", target.prefix, "--group", f"bench-{label}", "--schedule", schedule,
+        "--output-prefix", target.prefix, "--group", env.group(label), "--schedule", schedule,
         "--transactional-id", f"bench-{env.run_id}-{label}", *(["--echo"] if echo else [])], label)
 
 
@@ -102,11 +102,11 @@ def run_ceiling(env: Env, procs: Procs, source: TopicSet, source_run: Run, targe
         except BaseException:
             load.abort()
             raise
-        poller = CommittedPoller(env.client_config(), f"bench-{label}", target.name(INPUT), load.per_partition)
+        poller = CommittedPoller(env.client_config(), env.group(label), target.name(INPUT), load.per_partition)
         poller.start()
         released = load.release()
         poller.wait(RUN_TIMEOUT_S, alive=child.check_alive)
     finally:
         procs.stop(child)
-    return Run(label, poller.throughput(released), load.per_partition, [child.peak_rss_mb], f"bench-{label}",
+    return Run(label, poller.throughput(released), load.per_partition, [child.peak_rss_mb], env.group(label),
                checkpoints=[child.checkpoints()]), counts
