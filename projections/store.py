@@ -22,6 +22,7 @@ from projections import keys
 Change = tuple[bytes, bytes | None]  # (key, value) or (key, None) for a delete
 
 NO_OFFSET = -1
+WRITE_BUFFER_BYTES = 8 * 1024 * 1024
 
 
 class Store(Protocol):
@@ -82,6 +83,10 @@ class RocksStore:
 
         options = Options(raw_mode=True)
         options.create_if_missing(not read_only)
+        # One database per input partition, several per process: RocksDB's default memtables (64 MB, two
+        # of them) would make memory grow with the partition count, not with the work.
+        options.set_write_buffer_size(WRITE_BUFFER_BYTES)
+        options.set_max_write_buffer_number(2)
         self.path = os.fspath(path)
         if not read_only:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)

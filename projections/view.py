@@ -30,7 +30,7 @@ META_RECORD = "PartitionMeta"
 
 # Decoded records kept between checkpoints; past this the cache is dropped after a commit (the store
 # has everything by then), so memory stays bounded whatever the ledger's size.
-MAX_CACHED_RECORDS = 200_000
+MAX_CACHED_RECORDS = 50_000
 
 Timer = tuple[int, str, str, str]  # (deadline_ms, kind, parent_id, child_id): heap order = firing order
 
