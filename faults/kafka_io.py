@@ -103,31 +103,39 @@ def read_partitions(bootstrap: str, topic: str, decode: bool = True, isolation: 
 class ContinuousReader(threading.Thread):
     """Reads settlement-results and capacity-releases with read_committed while the faults happen (I4):
     counts every result and release, every duplicate release_key and every input offset that got a second
-    result, and keeps (time, results seen) so the scenarios can measure progress and recovery."""
+    result, and keeps (time, results seen) so the scenarios can measure progress and recovery.
+
+    It assigns the partitions itself (no consumer group: a broker outage cannot make it rejoin and start
+    over) and tracks the next offset of each partition, so a record fetched again after a reconnect is the
+    same record, not a duplicate. A duplicate is the same release_key, or the same input offset, committed
+    at two offsets."""
 
     def __init__(self, bootstrap: str, topics: Topics) -> None:
         super().__init__(daemon=True, name="faults-reader")
         self.bootstrap = bootstrap
         self.results_topic = topics.name("settlement-results")
         self.releases_topic = topics.name("capacity-releases")
+        self.partitions = topics.partitions
         self.release_keys: set[str] = set()
         self.result_positions: set[tuple[int, int]] = set()
         self.duplicate_releases: list[str] = []
         self.duplicate_results: list[tuple[int, int]] = []
+        self.refetched = 0
         self.results = 0
         self.releases = 0
         self.progress: list[tuple[float, int]] = [(time.monotonic(), 0)]
         self.errors: list[str] = []
+        self._next: dict[tuple[str, int], int] = {}
         self._halt = threading.Event()
         self._lock = threading.Lock()
 
     def run(self) -> None:
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"faults-i4-{uuid.uuid4().hex[:6]}",
-                             "enable.auto.commit": False, "isolation.level": "read_committed",
-                             "auto.offset.reset": "earliest", "log_level": 0})
+                             "enable.auto.commit": False, "isolation.level": "read_committed", "log_level": 0})
         codec = default_codec()
         try:
-            consumer.subscribe([self.results_topic, self.releases_topic])
+            consumer.assign([TopicPartition(t, p, -2) for t in (self.results_topic, self.releases_topic)
+                             for p in range(self.partitions)])
             while not self._halt.is_set():
                 messages = consumer.consume(num_messages=5_000, timeout=0.2)
                 for message in messages:
@@ -135,6 +143,11 @@ class ContinuousReader(threading.Thread):
                         if message.error().code() != KafkaError._PARTITION_EOF:
                             self.errors.append(message.error().str())
                         continue
+                    where = (message.topic(), message.partition())
+                    if message.offset() < self._next.get(where, 0):
+                        self.refetched += 1
+                        continue
+                    self._next[where] = message.offset() + 1
                     try:
                         record = codec.decode(message.value())[1]
                     except CodecError:  # the I5 marker, written at the very end
@@ -151,13 +164,15 @@ class ContinuousReader(threading.Thread):
             position = (record["input_partition"], record["input_offset"])
             if position in self.result_positions:
                 self.duplicate_results.append(position)
+            else:
+                self.results += 1
             self.result_positions.add(position)
-            self.results += 1
         elif "release_key" in record:  # ParentSettled shares the topic
             if record["release_key"] in self.release_keys:
                 self.duplicate_releases.append(record["release_key"])
+            else:
+                self.releases += 1
             self.release_keys.add(record["release_key"])
-            self.releases += 1
 
     def wait_for(self, results: int, timeout_s: float, alive=lambda: None) -> None:
         """Until `results` results were read; `alive()` may raise when a processor died unexpectedly."""
@@ -167,17 +182,6 @@ class ContinuousReader(threading.Thread):
                 raise TimeoutError(f"only {self.results} of {results} results committed in {timeout_s:.0f} s")
             alive()
             time.sleep(0.1)
-
-    def recovery_s(self, since: float, count_at: int | None = None) -> float | None:
-        """Seconds from `since` until the first result past `count_at` (default: the count at `since`)."""
-        with self._lock:
-            points = list(self.progress)
-        if count_at is None:
-            count_at = max((n for t, n in points if t <= since), default=0)
-        for t, n in points:
-            if t >= since and n > count_at:
-                return t - since
-        return None
 
     def stop(self) -> None:
         self._halt.set()

@@ -56,6 +56,7 @@ class ProcessorProcess:
                    "--commit-interval-ms", "100", "--log-level", "DEBUG", *args]
         self._log = open(log_path, "ab")
         self.started = time.monotonic()
+        self.started_wall = time.time()
         self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})}, cwd=REPO)
 

@@ -10,7 +10,6 @@ inside a private network namespace. The shared broker is never bounced, paused o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil

@@ -14,11 +14,12 @@ import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from faults import verify as verifier
 from faults.kafka_io import ContinuousReader, OwnBroker, Topics, read_partitions
-from faults.processes import LogStats, ProcessorProcess, log_stats
+from faults.processes import COMMITTED_MARKER, LogStats, ProcessorProcess, log_stats
 from faults.workload import build, publish
 
 GROUP = "settle"
@@ -26,6 +27,10 @@ WAIT_S = 900.0
 # No committed result for this long while results are missing and processors run: they are stuck. A
 # liveness probe would restart them; the watchdog does (kill -9, restart) and the report counts it.
 STALL_S = 75.0
+# Faults after which the processor that recovers is a new process (recovery ends at its first commit).
+RESTART_FAULTS = frozenset({"processor_kill_9", "processor_sigterm", "crash_after_produce", "crash_after_send_offsets",
+                            "crash_after_commit", "crash_mid_restore", "projection_directory_deleted",
+                            "projection_partition_deleted", "zombie_paused", "watchdog"})
 
 
 @dataclass
@@ -50,7 +55,7 @@ class Run:
     topics: Topics | None = None
     expected: int = 0
     faults: Counter = field(default_factory=Counter)
-    recoveries: list = field(default_factory=list)  # (fault, time injected, results at that time)
+    recoveries: list = field(default_factory=list)  # (fault, monotonic time, wall-clock time)
     processes: list = field(default_factory=list)
     managed: dict = field(default_factory=dict)  # slot -> the process that should be running
     unexpected_exits: list = field(default_factory=list)
@@ -146,7 +151,7 @@ class Run:
             proc.kill()
             self.faults["watchdog_kill_9_of_stuck_processor"] += 1
             self.managed[slot] = self.start(slot)
-        self.recoveries.append(("watchdog", time.monotonic(), self.progress()))
+        self.recoveries.append(("watchdog", time.monotonic(), time.time()))
 
     def wait_running(self, proc: ProcessorProcess, timeout_s: float = 180) -> None:
         """Until the process owns partitions (its signal handlers are installed, its restore is done)."""
@@ -166,7 +171,7 @@ class Run:
     def fault(self, kind: str) -> None:
         """Record a fault injected now: recovery is measured from here to the next committed result."""
         self.faults[kind] += 1
-        self.recoveries.append((kind, time.monotonic(), self.progress()))
+        self.recoveries.append((kind, time.monotonic(), time.time()))
         self.injected_at.append(round(self.progress() / max(self.expected, 1), 3))
 
     # -- the end ------------------------------------------------------------------------------------------
@@ -202,11 +207,23 @@ class Run:
             time.sleep(0.3)
         raise TimeoutError(f"{final.slot} never owned every partition")
 
+    def recovery_times(self) -> list[float]:
+        """Per fault: seconds until the next checkpoint committed (the processors' own log timestamps) by a
+        process started after the fault when the fault restarts the processor, by any process otherwise."""
+        commits = [(proc.started_wall, t) for proc in self.processes for t in commit_times(proc.output())]
+        times = []
+        for kind, _, wall in self.recoveries:
+            restart = kind in RESTART_FAULTS
+            after = [t for started, t in commits if t >= wall and (not restart or started >= wall)]
+            if after:
+                times.append(min(after) - wall)
+        return times
+
     def report(self, verified: dict) -> dict:
         stats = LogStats(0, 0, 0, 0, 0)
         for proc in self.processes:
             stats = stats + log_stats(proc.output())
-        recovery = [r for r in (self.reader.recovery_s(t, n) for _, t, n in self.recoveries) if r is not None]
+        recovery = self.recovery_times()
         elapsed = max(self.finished - self.started, 1e-9)
         injected = {k: v for k, v in sorted(self.faults.items()) if v}
         return {
@@ -426,6 +443,18 @@ def network_blackhole(run: Run, port: int, outages_s: tuple) -> dict:
         _iptables("-D", port)
         run.fault("blackhole_lifted")
     return run.finish("a")
+
+
+def commit_times(log: str) -> list[float]:
+    """Wall-clock times of the "checkpoint committed" lines of a processor's DEBUG log."""
+    times = []
+    for line in log.splitlines():
+        if COMMITTED_MARKER in line:
+            try:
+                times.append(datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp())
+            except ValueError:
+                continue
+    return times
 
 
 def native_stack(pid: int) -> str:

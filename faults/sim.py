@@ -475,7 +475,16 @@ def _first_difference(a: list, b: list) -> int:
 
 
 def run_many(runs: int, first_seed: int = 0, events: int = 60) -> dict:
-    """Many runs; stops at the first failure (its message names the seed)."""
+    """Many runs; stops at the first failure (its message names the seed). The processor's own logging is
+    silenced meanwhile: it logs every simulated fault."""
+    logging.disable(logging.CRITICAL)
+    try:
+        return _run_many(runs, first_seed, events)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _run_many(runs: int, first_seed: int, events: int) -> dict:
     started = time.monotonic()
     faults: Counter = Counter()
     incarnations = 0
@@ -494,8 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, help="run only this seed (reproduce a failure)")
     parser.add_argument("--events", type=int, default=60)
     args = parser.parse_args(argv)
-    logging.disable(logging.CRITICAL)  # the processor logs every simulated fault
     if args.seed is not None:
+        logging.disable(logging.CRITICAL)
         print(run_seed(args.seed, args.events))
         return 0
     try:

@@ -26,10 +26,10 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from faults.kafka_io import OUTPUT_TOPICS, Topics, read_partitions
-from processors.kafka.partition import INPUT_POSITION_KEY, input_position, store_path
+from processors.kafka.partition import input_position, store_path
 from processors.replay import Input, ledger_snapshot, replay
 from projections import model
 from projections.store import MemoryStore, RocksStore
@@ -183,7 +183,6 @@ def verify(topics: Topics, final_state: Path, group: str, reader=None, zombie: d
         child_problems += over_released(got_releases, want_ledger)
     key_counts = Counter(r[0] for r in all_got_releases)
     counts["duplicate_releases"] = sum(n - 1 for n in key_counts.values() if n > 1)
-    counts["releases_missing"] += 0
     invariants = {
         "I1": {"ok": counts["duplicate_releases"] == 0 and not child_problems,
                "duplicate_release_keys": counts["duplicate_releases"], "children_over_released": child_problems[:5]},
@@ -230,6 +229,7 @@ def check_reader(reader, results_expected: int, releases_expected: int, timeout_
     dups = len(reader.duplicate_releases) + len(reader.duplicate_results)
     return {"ok": dups == 0 and reader.results == results_expected and reader.releases == releases_expected,
             "duplicates_seen": dups, "results_seen": reader.results, "releases_seen": reader.releases,
+            "refetched_after_reconnect": reader.refetched,
             "examples": (reader.duplicate_releases[:3] + [str(d) for d in reader.duplicate_results[:3]])}
 
 
