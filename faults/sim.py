@@ -489,7 +489,13 @@ def _run_many(runs: int, first_seed: int, events: int) -> dict:
     faults: Counter = Counter()
     incarnations = 0
     for seed in range(first_seed, first_seed + runs):
-        outcome = run_seed(seed, events)
+        try:
+            outcome = run_seed(seed, events)
+        except AssertionError:
+            raise
+        except Exception as exc:  # the processor raised where it should have recovered
+            raise AssertionError(f"seed {seed} (reproduce: python -m faults.sim --seed {seed}): "
+                                 f"{type(exc).__name__}: {exc}") from exc
         faults.update(outcome["faults"])
         incarnations += outcome["incarnations"]
     return {"runs": runs, "first_seed": first_seed, "events_per_run": events, "incarnations": incarnations,
