@@ -203,6 +203,12 @@ def _abort(producer: Producer, consumer, tasks: list[PartitionTask], topics: dic
     if err is not None and err.fatal():
         raise FatalProducerError(f"transactional producer failed: {err.str()} ({err.name()})", code=err.name(),
                                  fatal=True) from exc
+    if err is not None and err.code() == KafkaError._TIMED_OUT:
+        # Seen after a broker restart: the producer's transactional calls keep timing out against a
+        # coordinator it no longer finds. Nothing was committed; a new producer (whose init_transactions
+        # aborts this transaction) looks the coordinator up afresh.
+        raise FatalProducerError(f"transactional call timed out before the commit: {err.str()}", code=err.name(),
+                                 retriable=True) from exc
     log.warning("checkpoint aborted, work since the last commit discarded and replayed: %s",
                 err.str() if err else exc)
     try:

@@ -30,6 +30,7 @@ CONSUME_BATCH = 500
 IDLE_POLL_S = 0.05
 FENCE_RETRIES = 4
 FENCE_BACKOFF_S = 0.5
+TXN_CALL_TIMEOUT_MAX_S = 10.0
 COMMITTED_EXTRA_WAIT_S = 30.0  # beyond transaction.timeout.ms: the broker's abort of a timed-out transaction
 
 
@@ -241,7 +242,7 @@ class Processor:
         ticks = [(p, tick) for p, tick in self.ticks if p in owned]
         try:
             result = commit_checkpoint(self.producer, self.consumer, tasks, ticks, self.topics, self.codec,
-                                       self.config.transaction_timeout_ms / 1000)
+                                       self._call_timeout_s())
         except ProducerFenced as exc:
             self._recover_from_fence(exc)
             self._rewind_or_reload(tasks)
@@ -273,6 +274,11 @@ class Processor:
                       (time.monotonic() - started) * 1000)
         return committed
 
+    def _call_timeout_s(self) -> float:
+        """Per transactional call: short enough that a stuck coordinator is noticed well within the poll
+        interval, long enough for a commit on a busy broker."""
+        return min(self.config.transaction_timeout_ms / 1000 / 3, TXN_CALL_TIMEOUT_MAX_S)
+
     def _rewind_or_reload(self, tasks: list[PartitionTask]) -> None:
         try:
             rewind(self.consumer, tasks, self.topics)
@@ -283,7 +289,8 @@ class Processor:
     def _reload(self) -> None:
         """Forget all in-memory state and load the owned partitions again, as on assignment: committed
         offsets, projections restored from the changelog, the consumer moved back to the offsets."""
-        partitions = [TopicPartition(self.topics["branch-events"], p) for p in sorted(self.tasks)]
+        # What the group assigns now, not what we held: partitions may have been lost meanwhile.
+        partitions = [TopicPartition(tp.topic, tp.partition) for tp in self.consumer.assignment()]
         for task in self.tasks.values():
             task.discard()
             task.close()
