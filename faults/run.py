@@ -69,6 +69,13 @@ def run_scenario(name: str, seed: int, size: Size, outages_s: tuple, work: Path,
     return report
 
 
+def git_commit() -> str:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "processors", "projections",
+                            "schemas", "faults"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    return head.stdout.strip() + ("+uncommitted changes" if dirty else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m faults.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="reduced sizes (5k events, 4 partitions)")
@@ -88,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"faults: no broker answers on {shared_bootstrap()} (make kafka-up)", file=sys.stderr)
         return 2
     started = time.monotonic()
+    commit_at_start = git_commit()
     scenarios = []
     size = Size(sizes["events"], sizes["partitions"])
     for i, name in enumerate(n for n in ORDER if n in chosen):
@@ -108,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"faults: simulation: {'OK' if simulation['ok'] else 'FAILED'} in {simulation['seconds']} s", flush=True)
     document = {
         "suite": "faults", "mode": "quick" if args.quick else "full",
-        "git_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                     cwd=REPO).stdout.strip(),
+        # The processors are started from the work tree as it is when each starts: if it changed during the
+        # run, both commits are named.
+        "git_commit": commit_at_start, "git_commit_at_end": git_commit(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
         "base_seed": args.seed, "wall_s": round(time.monotonic() - started, 1),
         "ok": all(s.get("ok") for s in scenarios) and (simulation is None or simulation["ok"]),

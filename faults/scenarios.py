@@ -322,17 +322,16 @@ def crash_points(run: Run) -> dict:
     """A crash at each step of the commit sequence, incarnation after incarnation from the start of the
     stream (each crashes at its second checkpoint of 100 events, so the points are reached whatever the
     stream's size and the processor's speed), then in the middle of two restores: the one the crash after
-    the commit leaves (the projection is a checkpoint behind its changelog; nothing deleted), and at 60% one
-    of half the partition projections deleted."""
+    the commit leaves (the projection is a checkpoint behind its changelog; nothing deleted), and at 60% a
+    restore from scratch (the whole state directory deleted), cut after its first batch."""
     _crash(run, "after_produce:2", "crash_after_produce")
     _crash(run, "after_send_offsets:2", "crash_after_send_offsets")
     _crash(run, "after_commit:2", "crash_after_commit")
     _crash(run, "mid_restore:1", "crash_mid_restore")
     _run_until(run, 0.60)
-    for p in range(0, run.size.partitions, 2):
-        shutil.rmtree(run.state("a") / GROUP / f"partition-{p}", ignore_errors=True)
-    run.faults["projection_partitions_deleted"] += len(range(0, run.size.partitions, 2))
-    _crash(run, "mid_restore:2", "crash_mid_restore")
+    shutil.rmtree(run.state("a"))
+    run.faults["projection_directory_deleted"] += 1
+    _crash(run, "mid_restore:1", "crash_mid_restore")
     run.start("a")
     return run.finish("a")
 

@@ -14,7 +14,7 @@ exiting).
 A run (one seed) folds an adversarial stream (faults/workload.py: duplicates, reordering, late and stale
 reports, malformed records) over two partitions with, chosen by the seed: crashes at every step of the commit
 sequence and in the middle of restores, crashes between folds, deleted projections, redelivered messages,
-and broker errors (failed deliveries, fenced producers, retriable commit errors, commits that must abort,
+and broker errors (failed deliveries, fenced producers, offsets that time out, retriable commit errors, commits that must abort,
 commits whose outcome is unknown, committed or not). Then everything committed is compared with a run
 without faults and with the offline fold. `python -m faults.sim --runs 5000`; a failure prints the seed and
 `python -m faults.sim --seed N` reproduces it.
@@ -52,7 +52,7 @@ TOPICS = {name: name for name in ("branch-events", "ledger-changelog", "settleme
                                   "settlement-audit", "branch-events-dlq")}
 OUTPUT_TOPICS = ("settlement-results", "capacity-releases", "settlement-audit", "branch-events-dlq")
 CRASH_POINTS = ("after_produce", "after_send_offsets", "after_commit", "mid_restore")
-BROKER_FAULTS = ("delivery_failed", "fenced", "commit_retriable", "commit_requires_abort",
+BROKER_FAULTS = ("delivery_failed", "fenced", "send_offsets_timed_out", "commit_retriable", "commit_requires_abort",
                  "commit_unknown_committed", "commit_unknown_not_committed")
 CODEC = default_codec()
 # Small parents, many at once: short streams in which parents open, settle, expire and close.
@@ -165,6 +165,8 @@ class FakeProducer:
             _raise(KafkaError._FENCED, fatal=True)
         if self._fenced():
             _raise(KafkaError._FENCED, fatal=True)
+        if self.plan.take("send_offsets_timed_out"):
+            _raise(KafkaError._TIMED_OUT, retriable=True)  # a coordinator that does not answer in time
         self.broker.open_txn["offsets"] = {tp.partition: tp.offset for tp in offsets}
 
     def commit_transaction(self, timeout=None) -> None:
@@ -204,6 +206,9 @@ class FakeConsumer:
     def committed(self, partitions, timeout=None) -> list[TopicPartition]:
         return [TopicPartition(tp.topic, tp.partition, self.broker.group_offsets.get(tp.partition, -1001))
                 for tp in partitions]
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition("branch-events", p) for p in sorted(self.position)]
 
     def seek(self, tp: TopicPartition) -> None:
         self.position[tp.partition] = max(tp.offset, 0)  # OFFSET_BEGINNING (-2): the start
