@@ -45,13 +45,18 @@ def markdown(doc: dict) -> str:
             if not v.get("ok"):
                 lines.append(f"  - {name}: `{json.dumps(v)[:600]}`")
         if s.get("unexpected_exits"):
-            for e in s["unexpected_exits"]:
+            if len(s["unexpected_exits"]) > 5:
+                lines.append(f"  - {len(s['unexpected_exits'])} unexpected exits in all; the first five:")
+            for e in s["unexpected_exits"][:5]:
                 lines.append(f"  - processor {e['slot']} exited unexpectedly with {e['exit_code']} ({e['log']}): "
                              f"`{(e['last_lines'] or [''])[-1][:300]}`")
         for st in s.get("stalls", []):
             lines.append(f"  - processor {st['slot']} stuck for {st['stalled_s']} s at {st['results']} results"
                          + (f", blocked in `{st['blocked_in']}`" if st.get("blocked_in") else "")
                          + f" ({st['log']}); killed and restarted by the watchdog")
+        for it in s.get("operator_interventions", []):
+            lines.append(f"  - processor {it['slot']} exited {it['exit_code']} refusing a projection ahead of the committed "
+                         f"offsets ({it['log']}: `{it['message'][:200]}`); {it['deleted']} deleted as it asks, restarted")
         if s["scenario"] == "zombie" and "I6" in s["invariants"]:
             z = s["invariants"]["I6"]
             lines.append(f"  - I6: committed records {z['committed_records_before_resume']} before the zombie "

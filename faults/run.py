@@ -10,6 +10,7 @@ inside a private network namespace. The shared broker is never bounced, paused o
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -83,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7000, help="base seed; scenario i uses seed + i")
     parser.add_argument("--events", type=int, help="events per scenario (overrides the size)")
     parser.add_argument("--out", default=str(REPO / "faults"), help="where report.json and report.md go")
+    parser.add_argument("--merge", action="store_true",
+                        help="replace only the chosen scenarios in an existing report.json (the rest is kept)")
     args = parser.parse_args(argv)
     sizes = dict(QUICK if args.quick else FULL)
     if args.events:
@@ -124,6 +127,18 @@ def main(argv: list[str] | None = None) -> int:
         "ok": all(s.get("ok") for s in scenarios) and (simulation is None or simulation["ok"]),
         "scenarios": scenarios, "simulation": simulation,
     }
+    if args.merge and (Path(args.out) / "report.json").exists():
+        previous = json.loads((Path(args.out) / "report.json").read_text())
+        fresh = {s["scenario"]: s for s in scenarios}
+        for s in fresh.values():
+            s["rerun"] = f"rerun alone at {document['git_commit']} (--merge)"
+        document["scenarios"] = [fresh.pop(s["scenario"], s) for s in previous["scenarios"]] + list(fresh.values())
+        document["simulation"] = simulation or previous.get("simulation")
+        document["wall_s"] = previous["wall_s"]
+        document["git_commit"] = previous["git_commit"]
+        document["ok"] = all(s.get("ok") for s in document["scenarios"]) and (
+            document["simulation"] is None or document["simulation"]["ok"])
+    scenarios = document["scenarios"]
     document["not_live"] = [s["scenario"] for s in scenarios if s.get("live") is False]
     document["live"] = not document["not_live"]
     write_reports(document, Path(args.out))

@@ -7,6 +7,7 @@ a supervisor (systemd, Kubernetes) would: the report then shows it under `unexpe
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import statistics
@@ -60,6 +61,7 @@ class Run:
     managed: dict = field(default_factory=dict)  # slot -> the process that should be running
     unexpected_exits: list = field(default_factory=list)
     stalls: list = field(default_factory=list)
+    interventions: list = field(default_factory=list)  # what an operator had to do
     started: float = 0.0
     finished: float = 0.0
     publish_s: float = 0.0
@@ -128,6 +130,16 @@ class Run:
             if not proc.alive():
                 code = proc.proc.returncode
                 tail = proc.output().strip().splitlines()[-12:]
+                asked = re.search(r"beyond the committed \d+: delete (\S+) to rebuild it", "\n".join(tail))
+                if asked:
+                    # The processor refuses a projection ahead of the committed offsets and asks the
+                    # operator to delete it: done as asked, recorded, and the processor restarted.
+                    shutil.rmtree(asked.group(1), ignore_errors=True)
+                    self.interventions.append({"slot": slot, "log": proc.log_path.name, "exit_code": code,
+                                               "deleted": Path(asked.group(1)).name, "message": tail[-1][:300]})
+                    self.faults["operator_deleted_projection_ahead_of_commit"] += 1
+                    self.start(slot)
+                    continue
                 self.unexpected_exits.append({"slot": slot, "exit_code": code, "log": proc.log_path.name,
                                               "last_lines": tail})
                 print(f"faults: {self.name}: processor {slot} exited unexpectedly ({code}); restarting it")
@@ -238,6 +250,7 @@ class Run:
             "critical_log_lines": stats.critical,
             "unexpected_exits": self.unexpected_exits,
             "stalls": self.stalls,
+            "operator_interventions": self.interventions,
             **verified["summary"],
             "recovery_s_p50": round(statistics.median(recovery), 2) if recovery else None,
             "recovery_s_max": round(max(recovery), 2) if recovery else None,
@@ -249,7 +262,7 @@ class Run:
             # Safety: every invariant holds. Liveness (no stuck processor, no unexpected exit) is reported
             # beside it: a processor that needed the watchdog is a finding, not a lost or doubled release.
             "ok": verified["ok"],
-            "live": not self.unexpected_exits and not self.stalls,
+            "live": not self.unexpected_exits and not self.stalls and not self.interventions,
             "invariants": verified["invariants"],
             "notes": verified["notes"],
         }
