@@ -66,11 +66,15 @@ def test_broker_hard_bounce_and_clean_restart(shared_bootstrap: str, tmp_path: P
 
     Safety must hold. Liveness does not yet: after a broker restart the processor blocks for good in
     librdkafka's send_offsets_to_transaction (it ignores its timeout: librdkafka issues 5456 and 5511), and
-    only the scenario's watchdog (kill -9, restart) gets it going. Until the processor bounds that call
-    itself this test ends as an expected failure naming where it was stuck; once fixed it passes."""
+    only the scenario's watchdog (kill -9, restart) gets it going; and a commit the restarting broker loses
+    leaves a projection the processor refuses until it is deleted (docs/faults.md, findings 1 and 2). Until
+    the processor handles both this test ends as an expected failure naming the cause; then it passes."""
     report = run_scenario("broker_bounce", 120, SIZE, OUTAGES_S, tmp_path, stall_s=30, hard_bounces=1)
     assert_exactly_once(report, "broker_bounce", live=False)
     assert report["faults"]["broker_kill_9"] == 1 and report["faults"]["broker_clean_restart"] == 1
+    if report["operator_interventions"]:
+        pytest.xfail(f"a commit the broker lost in its restart left a projection ahead of the committed offsets "
+                     f"{len(report['operator_interventions'])} times (docs/faults.md, finding 2)")
     if report["stalls"]:
         pytest.xfail(f"processor stuck after a broker restart {len(report['stalls'])} times, blocked in "
                      f"{report['stalls'][0]['blocked_in'] or 'a transactional call'}; restarted by the watchdog")
