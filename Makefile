@@ -21,12 +21,8 @@ $(STAMP): pyproject.toml
 demo: install kafka-up
 	SHARED_DIR=$(SHARED) $(BIN)/python -m processors.kafka.demo
 
-# The broker hard-bounce scenario runs in `make faults`. It stays out of the gate while a processor can remain
-# stuck after a broker restart (a liveness bug, docs/faults.md), which can hold the scenario for 15 minutes.
-NOT_IN_GATE := --deselect tests/faults/test_fault_scenarios.py::test_broker_hard_bounce_and_clean_restart
-
 test: install kafka-up
-	SHARED_DIR=$(SHARED) $(BIN)/pytest $(NOT_IN_GATE)
+	SHARED_DIR=$(SHARED) $(BIN)/pytest
 
 test-unit: install
 	SHARED_DIR=$(SHARED) $(BIN)/pytest -m unit

@@ -10,6 +10,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from processors.kafka import faults
 from processors.kafka.errors import KafkaFailure
 from processors.kafka.partition import INPUT_POSITION_KEY, PartitionTask
+from processors.kafka.txn_guard import TransactionCallStuck, bounded
 from schemas.codec import Codec
 
 log = logging.getLogger("settle.checkpoint")
@@ -101,6 +102,10 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
     5. only then forget the buffers and write each partition's RocksDB batch with the offset of its last
        changelog record. A failing RocksDB write after the commit raises: restore repairs the store.
 
+    Every blocking call (flush, send offsets, commit, abort) has a hard deadline (txn_guard): librdkafka can
+    block past its own timeout after a broker restart. A call stuck before the commit is a FatalProducerError
+    (the next producer's epoch aborts the transaction); stuck in the commit, the outcome is unknown.
+
     Before the commit is attempted, an abortable error aborts, discards every partition's uncommitted work
     and rewinds the consumer (returns committed=False); a fenced or unusable producer raises
     ProducerFenced / FatalProducerError after discarding. If the commit was sent and its outcome is not
@@ -125,13 +130,23 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
         for record in records:
             _produce(producer, record, delivered)
         faults.crash_point("after_produce")
-        producer.flush(timeout_s)
+        undelivered = bounded("flush", producer.flush, timeout_s, timeout_s=timeout_s)
         if failures:
             raise KafkaException(failures[0])
+        if undelivered:  # the broker is unreachable: this transaction cannot commit, don't wait on it further
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
+                                            f"{undelivered} records undelivered after {timeout_s:.1f} s"))
         faults.pause_point("before_send_offsets")
         if offsets:
-            producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), timeout_s)
+            bounded("send_offsets_to_transaction", producer.send_offsets_to_transaction, offsets,
+                    consumer.consumer_group_metadata(), timeout_s, timeout_s=timeout_s)
         faults.crash_point("after_send_offsets")
+    except TransactionCallStuck as exc:
+        # Not aborted: an abort would queue behind the stuck call. The next producer's init_transactions
+        # aborts the transaction (a new epoch); the stuck one can commit nothing.
+        for task in tasks:
+            task.discard()
+        raise FatalProducerError(f"{exc}: nothing was committed", code=exc.code, retriable=True) from exc
     except KafkaException as exc:
         _abort(producer, consumer, tasks, topics, exc, timeout_s)
         return CheckpointResult(committed=False)
@@ -167,8 +182,10 @@ def _commit(producer: Producer, consumer, tasks: list[PartitionTask], topics: di
     abort fails too, or the error is anything else, the outcome is unknown."""
     for attempt in range(COMMIT_RETRIES):
         try:
-            producer.commit_transaction(timeout_s)
+            bounded("commit_transaction", producer.commit_transaction, timeout_s, timeout_s=timeout_s)
             return
+        except TransactionCallStuck as exc:
+            raise CommitOutcomeUnknown(f"{exc}: the transaction may have committed") from exc
         except KafkaException as exc:
             err = _kafka_error(exc)
             if err is not None and err.retriable() and not err.txn_requires_abort() and attempt < COMMIT_RETRIES - 1:
@@ -176,8 +193,8 @@ def _commit(producer: Producer, consumer, tasks: list[PartitionTask], topics: di
                 continue
             if err is not None and err.txn_requires_abort():
                 try:
-                    producer.abort_transaction(timeout_s)
-                except KafkaException as abort_exc:
+                    bounded("abort_transaction", producer.abort_transaction, timeout_s, timeout_s=timeout_s)
+                except (KafkaException, TransactionCallStuck) as abort_exc:
                     raise CommitOutcomeUnknown(f"commit failed ({err.str()}) and so did the abort "
                                                f"({abort_exc}): the transaction may have committed") from exc
                 log.warning("commit_transaction failed and was aborted: %s", err.str())
@@ -212,7 +229,9 @@ def _abort(producer: Producer, consumer, tasks: list[PartitionTask], topics: dic
     log.warning("checkpoint aborted, work since the last commit discarded and replayed: %s",
                 err.str() if err else exc)
     try:
-        producer.abort_transaction(timeout_s)
+        bounded("abort_transaction", producer.abort_transaction, timeout_s, timeout_s=timeout_s)
+    except TransactionCallStuck as stuck:
+        raise FatalProducerError(f"{stuck}: nothing was committed", code=stuck.code, retriable=True) from exc
     except KafkaException as abort_exc:
         abort_err = _kafka_error(abort_exc)
         if abort_err is not None and abort_err.fatal():

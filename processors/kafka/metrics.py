@@ -24,6 +24,16 @@ class Metrics:
                              "1 while a partition is stopped by an invariant violation", ["partition"], registry=r)
         self.checkpoint_seconds = Gauge("settle_last_checkpoint_seconds", "Duration of the last checkpoint",
                                         registry=r)
+        # For a liveness probe: a processor with input to fold whose last commit is old is stuck.
+        self.last_commit = Gauge("settle_last_commit_timestamp_seconds",
+                                 "Unix time of the last committed transaction", registry=r)
+        self.projection_rebuilds = Counter("settle_projection_rebuilds",
+                                           "Projections found ahead of the committed offsets and rebuilt",
+                                           registry=r)
+        self.consumer_replacements = Counter("settle_consumer_replacements",
+                                             "Consumers replaced after failing to rejoin the group", registry=r)
+        self.stuck_calls = Gauge("settle_transactional_calls_stuck",
+                                 "Given-up producers still blocked in a librdkafka transactional call", registry=r)
 
     def serve(self, port: int) -> None:
         start_http_server(port, registry=self.registry)

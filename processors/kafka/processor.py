@@ -9,6 +9,7 @@ offsets in one Kafka transaction (processors/kafka/checkpoint.py); only then is 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from typing import Callable
 
@@ -20,8 +21,9 @@ from processors.kafka.checkpoint import (CommitOutcomeUnknown, FatalProducerErro
 from processors.kafka.errors import KafkaFailure
 from processors.kafka.config import ProcessorConfig
 from processors.kafka.metrics import Metrics
-from processors.kafka.partition import PartitionTask, open_store
+from processors.kafka.partition import PartitionTask, input_position, open_store, store_path
 from processors.kafka.restore import restore
+from processors.kafka.txn_guard import TransactionCallStuck, bounded, check_stuck_budget, stuck_calls
 from schemas.codec import Codec, CodecError, default_codec
 
 log = logging.getLogger("settle.processor")
@@ -31,6 +33,9 @@ IDLE_POLL_S = 0.05
 FENCE_RETRIES = 4
 FENCE_BACKOFF_S = 0.5
 TXN_CALL_TIMEOUT_MAX_S = 10.0
+REJOIN_MIN_S = 15.0
+INIT_ATTEMPTS = 5
+INIT_BACKOFF_S = 2.0
 COMMITTED_EXTRA_WAIT_S = 30.0  # beyond transaction.timeout.ms: the broker's abort of a timed-out transaction
 
 
@@ -50,18 +55,40 @@ class Processor:
         self.consumer: Consumer | None = None
         self.fence_retries = 0
         self.failed = False
+        self.lost_at: float | None = None  # when the partitions were lost, until the next assignment
 
     # -- clients ------------------------------------------------------------------------------------------
 
     def _new_producer(self) -> Producer:
+        """A transactional producer whose init_transactions fenced every earlier producer with this
+        transactional.id and aborted (or completed) its open transaction. Retried while the coordinator is
+        unavailable or the call blocks (after a broker restart), up to INIT_ATTEMPTS times."""
         cfg = self.config
-        producer = Producer({**cfg.client_config(), "transactional.id": cfg.transactional_id,
-                             "enable.idempotence": True, "acks": "all", "linger.ms": 5,
-                             "transaction.timeout.ms": cfg.transaction_timeout_ms, "compression.type": "lz4"})
-        # Fences any earlier producer with this transactional.id and aborts its open transaction.
-        producer.init_transactions(cfg.transaction_timeout_ms / 1000)
-        log.info("transactional producer ready: transactional.id=%s", cfg.transactional_id)
-        return producer
+        timeout_s = cfg.transaction_timeout_ms / 1000
+        for attempt in range(1, INIT_ATTEMPTS + 1):
+            check_stuck_budget()
+            producer = Producer({**cfg.client_config(), "transactional.id": cfg.transactional_id,
+                                 "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                                 "transaction.timeout.ms": cfg.transaction_timeout_ms, "compression.type": "lz4"})
+            try:
+                bounded("init_transactions", producer.init_transactions, timeout_s, timeout_s=timeout_s)
+            except TransactionCallStuck as exc:
+                failure: Exception = exc
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if not isinstance(err, KafkaError) or err.fatal() or not (
+                        err.retriable() or err.code() == KafkaError._TIMED_OUT):
+                    raise
+                failure = exc
+            else:
+                log.info("transactional producer ready: transactional.id=%s", cfg.transactional_id)
+                return producer
+            if attempt == INIT_ATTEMPTS:
+                raise KafkaFailure(f"init_transactions failed {attempt} times, last: {failure}", retriable=True)
+            log.warning("init_transactions attempt %d of %d failed (%s); retrying in %.1f s", attempt,
+                        INIT_ATTEMPTS, failure, INIT_BACKOFF_S)
+            time.sleep(INIT_BACKOFF_S)
+        raise AssertionError("unreachable")
 
     def _new_consumer(self) -> Consumer:
         cfg = self.config
@@ -74,6 +101,9 @@ class Processor:
     # -- rebalance callbacks ------------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:
+            return  # a given-up consumer's callback (closed on a thread of its own): nothing of ours
+        self.lost_at = None
         self._load_partitions(consumer, partitions)
         log.info("assigned partitions %s", sorted(tp.partition for tp in partitions))
 
@@ -81,8 +111,7 @@ class Processor:
         """The committed offsets first (stable: librdkafka waits for pending transactional offsets under
         read_committed), then each projection restored from the changelog until it covers them."""
         committed = self._committed(consumer, partitions)
-        stores = {tp.partition: open_store(self.config.state_dir, self.config.group_id, tp.partition)
-                  for tp in committed}
+        stores = {tp.partition: self._open_projection(tp.partition, tp.offset) for tp in committed}
         restore(stores, self.config.client_config(), self.topics["ledger-changelog"], self.config.group_id,
                 targets={tp.partition: tp.offset for tp in committed},
                 progress=lambda p, n: self.metrics.restore_records.labels(str(p)).set(n))
@@ -90,6 +119,25 @@ class Processor:
             position = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             self.tasks[tp.partition] = PartitionTask(tp.partition, stores[tp.partition], self.codec, position)
             self.metrics.stopped.labels(str(tp.partition)).set(0)
+
+    def _open_projection(self, partition: int, committed_offset: int):
+        """The partition's RocksDB projection, rebuilt from scratch when it covers input beyond the group's
+        committed offset. That happens when a broker loses a transaction its client saw committed (an
+        unclean restart before the commit markers were written: docs/faults.md, finding 2): the projection
+        was written after the acknowledged commit, the changelog and the offsets were rolled back. The
+        changelog is the truth; the restore rebuilds the projection from it."""
+        store = open_store(self.config.state_dir, self.config.group_id, partition)
+        position = input_position(store)
+        if position is None or committed_offset < 0 or position <= committed_offset:
+            return store
+        path = store_path(self.config.state_dir, self.config.group_id, partition)
+        log.error("partition %d: the projection covers input offset %d, beyond the committed offset %d (a "
+                  "transaction acknowledged as committed was lost by the broker): rebuilding %s from the "
+                  "changelog", partition, position, committed_offset, path)
+        store.close()
+        shutil.rmtree(path)
+        self.metrics.projection_rebuilds.inc()
+        return open_store(self.config.state_dir, self.config.group_id, partition)
 
     def _committed(self, consumer: Consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
         # A crashed predecessor's pending offsets stay unstable until its transaction times out and the
@@ -113,6 +161,8 @@ class Processor:
         return committed
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:
+            return
         revoked = sorted(tp.partition for tp in partitions)
         if not self.failed and (self.ticks or any(task.has_work() for task in self.tasks.values())):
             self.checkpoint()  # commit what was folded before giving the partitions away
@@ -126,6 +176,9 @@ class Processor:
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Another member owns them already: nothing may be committed for them.
+        if consumer is not self.consumer:
+            return
+        self.lost_at = time.monotonic()
         lost = {tp.partition for tp in partitions}
         self.ticks = [(p, tick) for p, tick in self.ticks if p not in lost]
         for tp in partitions:
@@ -142,9 +195,7 @@ class Processor:
         if self.config.metrics_port:
             self.metrics.serve(self.config.metrics_port)
         self.producer = self._new_producer()
-        self.consumer = self._new_consumer()
-        self.consumer.subscribe([self.topics["branch-events"]], on_assign=self._on_assign,
-                                on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self._subscribe()
         log.info("processor running: group %s, input %s", self.config.group_id, self.topics["branch-events"])
         try:
             while not should_stop():
@@ -163,7 +214,35 @@ class Processor:
             self.tasks.clear()
             self.producer.flush(5)
 
+    def _subscribe(self) -> None:
+        self.consumer = self._new_consumer()
+        self.consumer.subscribe([self.topics["branch-events"]], on_assign=self._on_assign,
+                                on_revoke=self._on_revoke, on_lost=self._on_lost)
+
+    def _rejoin_deadline_s(self) -> float:
+        return max(REJOIN_MIN_S, 3 * self.config.session_timeout_ms / 1000)
+
+    def _replace_consumer_if_not_rejoined(self) -> None:
+        """After its session expired (a broker restart, a network partition) the consumer rejoins the group by
+        itself; librdkafka 2.16 sometimes never does (a stale cached group coordinator, librdkafka issue 5511).
+        Nothing is owned meanwhile, so nothing is lost by starting over with a new consumer."""
+        if self.lost_at is None or time.monotonic() - self.lost_at < self._rejoin_deadline_s():
+            return
+        log.error("no partitions assigned %.0f s after losing them: replacing the consumer",
+                  time.monotonic() - self.lost_at)
+        old = self.consumer
+        self.metrics.consumer_replacements.inc()
+        self._subscribe()
+        self.lost_at = time.monotonic()  # the new consumer gets the same time to join
+        try:  # leaves the group if it can; its callbacks are ignored (it is no longer self.consumer)
+            bounded("consumer.close", old.close, timeout_s=self.config.session_timeout_ms / 1000)
+        except TransactionCallStuck:
+            log.warning("the replaced consumer did not close; left behind")
+        except KafkaException as exc:
+            log.warning("closing the replaced consumer: %s", exc)
+
     def step(self) -> None:
+        self._replace_consumer_if_not_rejoined()
         messages = self.consumer.consume(num_messages=CONSUME_BATCH, timeout=IDLE_POLL_S)
         for message in messages:
             self._fold(message)
@@ -267,7 +346,9 @@ class Processor:
         committed = bool(result and result.committed)
         self.metrics.transactions.labels("committed" if committed else "aborted").inc()
         self.metrics.checkpoint_seconds.set(time.monotonic() - started)
+        self.metrics.stuck_calls.set(stuck_calls())
         if committed:
+            self.metrics.last_commit.set(time.time())
             self.fence_retries = 0
             self._update_gauges()
             log.debug("checkpoint committed: %d events, %d records, %.1f ms", result.events, result.records,

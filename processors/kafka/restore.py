@@ -61,6 +61,12 @@ def restore(stores: dict[int, Store], client_config: dict, topic: str, group_id:
             _consume(consumer, topic, stores, targets, set(todo), applied, started, progress)
     finally:
         consumer.close()
+    for partition, store in stores.items():
+        position, target = input_position(store), targets.get(partition, -1)
+        if position is not None and target >= 0 and position > target:
+            raise KafkaFailure(f"partition {partition}: the changelog covers input offset {position}, beyond the "
+                               f"committed offset {target}. Were the group's offsets reset by hand? Reset the "
+                               "changelog and the projections with them, or set the offsets back")
     for partition, count in applied.items():
         log.info("partition %d restored: %d changelog records applied; projection at changelog offset %d, "
                  "input offset %s", partition, count, stores[partition].changelog_offset(),

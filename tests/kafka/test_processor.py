@@ -223,3 +223,44 @@ def test_a_deleted_projection_is_restored_from_the_changelog(kafka_topics, tmp_p
     assert projection_ledgers(state, "g") == before
     want = offline(kafka_topics.bootstrap_servers, kafka_topics)[2]
     assert {p: l for p, l in before.items() if l["parents"]} == {p: l for p, l in want.items() if l["parents"]}
+
+
+def test_a_projection_ahead_of_the_committed_offsets_is_rebuilt(kafka_topics, tmp_path: Path) -> None:
+    """What a broker that loses an acknowledged commit in an unclean restart leaves behind (docs/faults.md,
+    finding 2): a projection written after the commit, while the changelog and the offsets were rolled back.
+    The processor rebuilds it from the changelog by itself, and nothing is published twice."""
+    from processors.kafka.partition import INPUT_POSITION_KEY, input_position
+    from projections import keys
+    from projections.store import RocksStore
+
+    expected = produce_workload(kafka_topics, tmp_path, 3_000, seed=17)
+    state = tmp_path / "state"
+    proc = ProcessorProcess(kafka_topics, state, tmp_path / "run.log", slot="a", group="g")
+    try:
+        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, expected, 300, [proc])
+    finally:
+        assert proc.stop() == 0
+    before = projection_ledgers(state, "g")
+    partition = next(p for p, ledger in sorted(before.items()) if ledger["parents"])
+    store = RocksStore(state / "g" / f"partition-{partition}")
+    try:  # the lost transaction's batch: a parent changed, the input position moved on
+        parent_key = next(key for key, _ in store.scan(keys.prefix(keys.PARENT)))
+        ahead = input_position(store) + 500
+        store.write([(parent_key, None), (INPUT_POSITION_KEY, b"%d" % ahead)], store.changelog_offset() + 7)
+    finally:
+        store.close()
+    assert projection_ledgers(state, "g")[partition] != before[partition]
+
+    proc = ProcessorProcess(kafka_topics, state, tmp_path / "run2.log", slot="a", group="g")
+    try:
+        deadline = time.monotonic() + 120
+        while "assigned partitions" not in proc.output():
+            assert time.monotonic() < deadline and proc.proc.poll() is None, proc.output()[-3000:]
+            time.sleep(0.5)
+    finally:
+        assert proc.stop() == 0
+    log = proc.output()
+    assert f"partition {partition}: the projection covers input offset {ahead}, beyond the committed" in log, log[-3000:]
+    assert "rebuilding" in log
+    assert projection_ledgers(state, "g") == before
+    assert_exactly_once(kafka_topics)
