@@ -25,6 +25,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from processors.kafka.restore import restore
 from processors.kafka.topic_replay import OUTPUT_TOPICS, audit_replay
 from processors.replay import read_events, replay
+from processors.replay_cli_ledgers import live_ledgers
 from projections import keys
 from projections.store import MemoryStore, RocksStore
 from schemas.codec import default_codec
@@ -79,16 +80,24 @@ def file_replay(path: str) -> dict:
             "ceiling_s": round(decode_s, 3), "ceiling_events_per_s": round(lines / decode_s)}
 
 
-def topic_replay(bootstrap: str, names: dict[str, str], partitions: int) -> dict:
+def topic_replay(bootstrap: str, names: dict[str, str], partitions: int, state_dir: str | None = None,
+                 group: str | None = None) -> dict:
+    """With `state_dir` and `group` (a stopped processor's), the final ledgers are compared too, as
+    `settle replay --topic --state-dir` does: reading the live projections is part of the replay's time."""
     config = {"bootstrap.servers": bootstrap}
     codec = default_codec()
     topics = ["branch-events", *OUTPUT_TOPICS]
+
+    def replay_topic():
+        live = live_ledgers(state_dir, group, list(range(partitions))) if state_dir else None
+        return audit_replay(config, names, codec, live_ledgers=live, progress_stream=open("/dev/null", "w"))
+
     consumed, consume_s, report, replay_s = ceiling_around(
-        lambda: {t: raw_consume(config, names[t], partitions) for t in topics},
-        lambda: audit_replay(config, names, codec, progress_stream=open("/dev/null", "w")))
+        lambda: {t: raw_consume(config, names[t], partitions) for t in topics}, replay_topic)
     events = consumed["branch-events"]
     return {"records": events, "output_records": sum(consumed.values()) - events, "agrees": report.agrees,
-            "divergences": len(report.divergences), "replay_s": round(replay_s, 3),
+            "divergences": len(report.divergences), "compared": report.compared, "live_ledgers": bool(state_dir),
+            "replay_s": round(replay_s, 3),
             "replay_events_per_s": round(events / replay_s), "ceiling_s": round(consume_s, 3),
             "ceiling_events_per_s": round(events / consume_s)}
 
@@ -132,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--bootstrap-servers", required=True)
     t.add_argument("--names", required=True, help="JSON: logical topic name -> physical name")
     t.add_argument("--partitions", type=int, required=True)
+    t.add_argument("--state-dir", help="the stopped processor's state directory: compare the live ledgers too")
+    t.add_argument("--group", help="the processor's group (with --state-dir)")
     r = kinds.add_parser("restore", help="restore from the changelog vs consuming it")
     r.add_argument("--bootstrap-servers", required=True)
     r.add_argument("--names", required=True)
@@ -141,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.kind == "file":
         out = file_replay(args.path)
     elif args.kind == "topic":
-        out = topic_replay(args.bootstrap_servers, json.loads(args.names), args.partitions)
+        out = topic_replay(args.bootstrap_servers, json.loads(args.names), args.partitions, args.state_dir,
+                           args.group)
     else:
         names = json.loads(args.names)
         out = restore_projection(args.bootstrap_servers, names["ledger-changelog"], names["branch-events"],

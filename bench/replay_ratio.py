@@ -1,0 +1,109 @@
+"""Replay against the live processor, side by side in one run (issue 5: "replay runs at least twice as fast
+as the live processor").
+
+    .venv/bin/python bench/replay_ratio.py                 # 40k generator events (bench-quick's size)
+    .venv/bin/python bench/replay_ratio.py --events 100000 --repeat 2
+
+One run: fresh topics `bench.<run id>.ratio.*`; the seeded realistic workload (bench/suite/backlog.py) goes
+through one `settle run` process (exactly-once defaults, the backlog released at once, timed until the group
+committed every offset: bench/suite/throughput.py); then, each in a fresh process, `settle replay FILE`'s path
+over the same workload as JSON Lines and `settle replay --topic`'s audit replay of the processor's topics with
+the live ledgers of its state directory (bench/suite/recovery.py). Prints each rate and its ratio to the
+processor's. Every topic and group is deleted at the end. Machine shared and noisy: compare the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.suite import backlog, recovery, throughput  # noqa: E402
+from bench.suite.env import Env, git_commit  # noqa: E402
+from bench.suite.procs import Procs  # noqa: E402
+from processors.kafka.connection import DEFAULT_BOOTSTRAP_SERVERS  # noqa: E402
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=40_000, help="generator events (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=1, help="replays per kind (the processor runs once)")
+    parser.add_argument("--bootstrap-servers", default=DEFAULT_BOOTSTRAP_SERVERS)
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument("--setup-only", metavar="DIR", help="only run the processor; keep its topics, group and "
+                        "state in DIR (setup.json says where) for profiling the replays; delete them yourself")
+    args = parser.parse_args()
+
+    work_dir = Path(tempfile.mkdtemp(prefix="bench-replay-ratio-"))
+    env, procs = Env(args.bootstrap_servers), Procs(work_dir)
+    doc = {"command": " ".join(["bench/replay_ratio.py", *sys.argv[1:]]), "git": git_commit(),
+           "load_avg_at_start": list(os.getloadavg())}
+    kept = False
+    try:
+        topic_set = env.topic_set("ratio")
+        records = backlog.realistic(args.seed, args.events, topic_set.partitions)
+        log(f"run {env.run_id}: processor over {len(records):,} input records")
+        run, _ = throughput.run_processors(env, procs, topic_set, records, 1, work_dir, "ratio")
+        processor = run.throughput.events_per_s
+        log(f"  processor {processor:,.0f} events/s")
+        if args.setup_only:
+            keep = Path(args.setup_only)
+            keep.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(run.state_dir, keep / "state")
+            (keep / "workload.jsonl").write_text("\n".join(backlog.realistic_jsonl_lines(args.seed, args.events)) + "\n")
+            (keep / "setup.json").write_text(json.dumps({"names": topic_set.names, "partitions": topic_set.partitions,
+                                                         "prefix": topic_set.prefix, "group": run.group,
+                                                         "state_dir": str(keep / "state"),
+                                                         "processor_events_per_s": processor}, indent=2))
+            kept = True
+            log(f"kept topics {topic_set.prefix}* and group {run.group}; see {keep}/setup.json")
+            return 0
+        jsonl = work_dir / "workload.jsonl"
+        jsonl.write_text("\n".join(backlog.realistic_jsonl_lines(args.seed, args.events)) + "\n")
+        files, topics = [], []
+        for _ in range(args.repeat):
+            files.append(recovery.run(["file", str(jsonl)]))
+            log(f"  file replay {files[-1]['replay_events_per_s']:,} events/s "
+                f"(x {files[-1]['replay_events_per_s'] / processor:.2f})")
+            topics.append(recovery.run(["topic", "--bootstrap-servers", env.bootstrap_servers, "--names",
+                                        json.dumps(topic_set.names), "--partitions", str(topic_set.partitions),
+                                        "--state-dir", str(run.state_dir), "--group", run.group]))
+            t = topics[-1]
+            log(f"  topic replay {t['replay_events_per_s']:,} events/s (x {t['replay_events_per_s'] / processor:.2f}), "
+                f"agrees: {t['agrees']}, {t['compared']:,} outputs compared, live ledgers: {t['live_ledgers']}")
+            if not t["agrees"]:
+                raise RuntimeError(f"the audit replay diverges from a clean run: {t}")
+        best_file = max(f["replay_events_per_s"] for f in files)
+        best_topic = max(t["replay_events_per_s"] for t in topics)
+        doc.update({"input_records": len(records), "processor_events_per_s": round(processor),
+                    "file": files, "topic": topics,
+                    "file_to_processor": round(best_file / processor, 2),
+                    "topic_to_processor": round(best_topic / processor, 2),
+                    "load_avg_at_end": list(os.getloadavg())})
+    finally:
+        procs.stop_all()
+        if not kept:
+            env.delete_all()
+        shutil.rmtree(work_dir, ignore_errors=True)
+    print(f"processor {doc['processor_events_per_s']:,} events/s; file replay {best_file:,} events/s "
+          f"(x {doc['file_to_processor']}); topic replay {best_topic:,} events/s (x {doc['topic_to_processor']}); "
+          f"load {doc['load_avg_at_start'][0]:.1f} -> {doc['load_avg_at_end'][0]:.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
