@@ -94,27 +94,44 @@ def replay(
     checkpoint_events: int = DEFAULT_CHECKPOINT_EVENTS,
 ) -> tuple[ReplayResult, Store]:
     """Fold every input into `store` (a fresh MemoryStore by default); return the outputs and the store."""
-    codec = codec or default_codec()
-    store = store if store is not None else MemoryStore()
-    view = open_view(store, codec)
-    fold = Fold(view, partition)
-    result = ReplayResult(Outputs())
-    since_checkpoint = 0
-    last_offset = store.changelog_offset()
+    replayer = Replayer(store, codec=codec, partition=partition, checkpoint_events=checkpoint_events)
+    feed = replayer.feed
     for item in inputs:
+        feed(item)
+    return replayer.finish()
+
+
+class Replayer:
+    """The replay of one partition, fed one input at a time (`replay` over an iterable; the topic replay as
+    records arrive from the broker), so folding can start before the whole input is read."""
+
+    def __init__(self, store: Store | None = None, *, codec: Codec | None = None, partition: int = 0,
+                 checkpoint_events: int = DEFAULT_CHECKPOINT_EVENTS) -> None:
+        self.codec = codec or default_codec()
+        self.store = store if store is not None else MemoryStore()
+        self.view = open_view(self.store, self.codec)
+        self.fold = Fold(self.view, partition)
+        self.result = ReplayResult(Outputs())
+        self.checkpoint_events = checkpoint_events
+        self.since_checkpoint = 0
+        self.last_offset = self.store.changelog_offset()
+
+    def feed(self, item: Input) -> None:
         if item.event is None:
-            letter = {"line": item.line, "event_id": None, "offset": item.offset, "reason": item.reason}
-            result.dead_letters.append(letter)
-            continue
-        fold.apply(item.event, item.offset, result.outputs)
-        result.events += 1
-        last_offset = item.offset
-        since_checkpoint += 1
-        if since_checkpoint >= checkpoint_events:
-            _checkpoint(view, store, last_offset)
-            since_checkpoint = 0
-    _checkpoint(view, store, last_offset)
-    return result, store
+            self.result.dead_letters.append({"line": item.line, "event_id": None, "offset": item.offset,
+                                             "reason": item.reason})
+            return
+        self.fold.apply(item.event, item.offset, self.result.outputs)
+        self.result.events += 1
+        self.last_offset = item.offset
+        self.since_checkpoint += 1
+        if self.since_checkpoint >= self.checkpoint_events:
+            _checkpoint(self.view, self.store, self.last_offset)
+            self.since_checkpoint = 0
+
+    def finish(self) -> tuple[ReplayResult, Store]:
+        _checkpoint(self.view, self.store, self.last_offset)
+        return self.result, self.store
 
 
 def _checkpoint(view: LedgerView, store: Store, offset: int) -> None:
@@ -124,26 +141,30 @@ def _checkpoint(view: LedgerView, store: Store, offset: int) -> None:
 
 def ledger_snapshot(store: Store, codec: Codec) -> dict:
     """The ledger as SPEC §12 shows it: parents with balances, children with their state."""
-    parents = {}
-    for _, raw in store.scan(keys.prefix(keys.PARENT)):
-        parent = codec.decode(raw)[1]
-        parents[parent["parent_id"]] = {
-            "status": parent["status"],
-            "dimensions": {
-                dim: {term: balance[term] for term in model.BALANCE_TERMS} for dim, balance in sorted(parent["dimensions"].items())
-            },
-        }
-    children = {}
-    for _, raw in store.scan(keys.prefix(keys.CHILD)):
-        child = codec.decode(raw)[1]
-        children[f"{child['parent_id']}/{child['child_id']}"] = {
-            "state": child["state"],
-            "attempt_id": child["attempt_id"],
-            "reserved": dict(sorted(child["reserved"].items())),
-            "consumed": dict(sorted(child["consumed"].items())),
-            "lease_generation": child["lease_generation"],
-        }
+    parents = dict(parent_entry(codec.decode(raw)[1]) for _, raw in store.scan(keys.prefix(keys.PARENT)))
+    children = dict(child_entry(codec.decode(raw)[1]) for _, raw in store.scan(keys.prefix(keys.CHILD)))
     return {"parents": dict(sorted(parents.items())), "children": dict(sorted(children.items()))}
+
+
+def parent_entry(parent: dict) -> tuple[str, dict]:
+    """(parent id, what the ledger shows of the parent)."""
+    return parent["parent_id"], {
+        "status": parent["status"],
+        "dimensions": {
+            dim: {term: balance[term] for term in model.BALANCE_TERMS} for dim, balance in sorted(parent["dimensions"].items())
+        },
+    }
+
+
+def child_entry(child: dict) -> tuple[str, dict]:
+    """("parent/child", what the ledger shows of the child)."""
+    return f"{child['parent_id']}/{child['child_id']}", {
+        "state": child["state"],
+        "attempt_id": child["attempt_id"],
+        "reserved": dict(sorted(child["reserved"].items())),
+        "consumed": dict(sorted(child["consumed"].items())),
+        "lease_generation": child["lease_generation"],
+    }
 
 
 def replay_document(result: ReplayResult, store: Store, codec: Codec) -> dict:

@@ -45,6 +45,9 @@ def add_parsers(commands) -> None:
                                        "projections (stop or drain the processor first)")
     p.add_argument("--group-id", default=os.environ.get("SETTLE_GROUP_ID", "branch-settlement"),
                    help="the processor's consumer group (default %(default)s)")
+    p.add_argument("--jobs", type=int, metavar="N",
+                   help="processes replaying partitions side by side (default: one per core, at most one per "
+                        "partition; 1: all in this process)")
     p.set_defaults(run=run_replay)
 
     e = commands.add_parser(
@@ -94,6 +97,8 @@ def run_replay(args: argparse.Namespace) -> int:
         raise SettlementError("give either FILE or --topic NAME")
     if args.checkpoint_events < 1:
         raise SettlementError("--checkpoint-events must be >= 1")
+    if args.jobs is not None and args.jobs < 1:
+        raise SettlementError("--jobs must be >= 1")
     return _replay_topic(args) if args.topic else _replay_file(args)
 
 
@@ -154,7 +159,7 @@ def _names(args: argparse.Namespace) -> dict[str, str]:
 def _replay_topic(args: argparse.Namespace) -> int:
     from processors.kafka import connection
     from processors.kafka import topic_replay as tr
-    from processors.replay_cli_ledgers import live_ledgers
+    from processors.replay_cli_ledgers import live_projections
     from schemas.codec import default_codec
 
     names = _names(args)
@@ -171,9 +176,9 @@ def _replay_topic(args: argparse.Namespace) -> int:
             low = tr.offsets_for_time(client, names["branch-events"], partitions, _time_ms(args.from_time))[partitions[0]]
         if args.to_time:
             high = tr.offsets_for_time(client, names["branch-events"], partitions, _time_ms(args.to_time))[partitions[0]] - 1
-    live = live_ledgers(args.state_dir, args.group_id, partitions) if args.state_dir else None
+    live = live_projections(args.state_dir, args.group_id) if args.state_dir else None
     report = tr.audit_replay(client, names, codec, partitions=partitions, offset_range=(low, high),
-                             live_ledgers=live)
+                             live_ledgers=live, jobs=args.jobs, keep_folded=args.json)
     if args.json:
         _print_partitioned(report.folded, codec, True)
     rate = report.events / report.seconds if report.seconds else 0

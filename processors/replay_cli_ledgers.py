@@ -10,10 +10,23 @@ from projections.store import RocksStore
 from schemas.codec import default_codec
 
 
-def live_ledgers(state_dir: str, group_id: str, partitions: list[int]) -> dict[int, dict]:
+def live_projections(state_dir: str, group_id: str):
+    """The processor's projections, for `audit_replay(live_ledgers=...)`: each replay process opens the
+    partitions it replays (read-only) and compares record bytes before decoding any."""
+    from processors.kafka.topic_replay import LiveProjections
+
+    return LiveProjections(str(_root(state_dir, group_id)))
+
+
+def _root(state_dir: str, group_id: str) -> Path:
     root = Path(state_dir) / group_id
     if not root.is_dir():
         raise SettlementError(f"no projections under {root}: is --state-dir/--group-id the processor's?")
+    return root
+
+
+def live_ledgers(state_dir: str, group_id: str, partitions: list[int]) -> dict[int, dict]:
+    root = _root(state_dir, group_id)
     codec = default_codec()
     ledgers = {}
     for partition in partitions:

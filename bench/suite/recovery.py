@@ -25,7 +25,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from processors.kafka.restore import restore
 from processors.kafka.topic_replay import OUTPUT_TOPICS, audit_replay
 from processors.replay import read_events, replay
-from processors.replay_cli_ledgers import live_ledgers
+from processors.replay_cli_ledgers import live_projections
 from projections import keys
 from projections.store import MemoryStore, RocksStore
 from schemas.codec import default_codec
@@ -89,8 +89,9 @@ def topic_replay(bootstrap: str, names: dict[str, str], partitions: int, state_d
     topics = ["branch-events", *OUTPUT_TOPICS]
 
     def replay_topic():
-        live = live_ledgers(state_dir, group, list(range(partitions))) if state_dir else None
-        return audit_replay(config, names, codec, live_ledgers=live, progress_stream=open("/dev/null", "w"))
+        live = live_projections(state_dir, group) if state_dir else None
+        return audit_replay(config, names, codec, live_ledgers=live, keep_folded=False,
+                            progress_stream=open("/dev/null", "w"))
 
     consumed, consume_s, report, replay_s = ceiling_around(
         lambda: {t: raw_consume(config, names[t], partitions) for t in topics}, replay_topic)
