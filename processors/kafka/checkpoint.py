@@ -11,17 +11,9 @@ from processors.kafka import faults
 from processors.kafka.errors import KafkaFailure
 from processors.kafka.partition import INPUT_POSITION_KEY, PartitionTask
 from processors.kafka.txn_guard import TransactionCallStuck, bounded
-from schemas.codec import Codec
 
 log = logging.getLogger("settle.checkpoint")
 
-# Output record lists of `Outputs`, the topic (logical name) each goes to, and its Avro record name.
-OUTPUT_ROUTES = (
-    ("results", "settlement-results", "SettlementResult"),
-    ("releases", "capacity-releases", "CapacityReleased"),
-    ("settled", "capacity-releases", "ParentSettled"),
-    ("audits", "settlement-audit", "AuditRecord"),
-)
 COMMIT_RETRIES = 5
 FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED} |
                          ({KafkaError.INVALID_PRODUCER_EPOCH} if hasattr(KafkaError, "INVALID_PRODUCER_EPOCH") else set()))
@@ -66,19 +58,16 @@ def _kafka_error(exc: KafkaException) -> KafkaError | None:
     return err if isinstance(err, KafkaError) else None
 
 
-def encode_checkpoint(tasks: list[PartitionTask], ticks: list[tuple[int, bytes]], topics: dict[str, str],
-                      codec: Codec) -> tuple[list[_Record], dict[int, list]]:
+def encode_checkpoint(tasks: list[PartitionTask], ticks: list[tuple[int, bytes]],
+                      topics: dict[str, str]) -> tuple[list[_Record], dict[int, list]]:
     """Everything the checkpoint will produce, encoded before the transaction begins (so an encoding
-    failure can never leave a transaction open), and each partition's store changes."""
+    failure can never leave a transaction open; the outputs were encoded as they were folded), and each
+    partition's store changes."""
     records: list[_Record] = []
     changes: dict[int, list] = {}
     for task in tasks:
         p = task.partition
-        for attr, topic, record_name in OUTPUT_ROUTES:
-            for record in getattr(task.out, attr):
-                records.append(_Record(topics[topic], p, record["parent_id"].encode(), codec.encode(record_name, record)))
-        for key, letter in task.dead_letters:
-            records.append(_Record(topics["branch-events-dlq"], p, key, codec.encode("DeadLetter", letter)))
+        records.extend(_Record(topics[topic], p, key, value) for topic, key, value in task.records)
         task_changes = task.view.changes()
         if task.position is not None:
             # The input position travels with the ledger: a restore knows how far the changelog must go.
@@ -90,10 +79,11 @@ def encode_checkpoint(tasks: list[PartitionTask], ticks: list[tuple[int, bytes]]
 
 
 def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], ticks: list[tuple[int, bytes]],
-                      topics: dict[str, str], codec: Codec, timeout_s: float) -> CheckpointResult:
+                      topics: dict[str, str], timeout_s: float) -> CheckpointResult:
     """Make the work buffered since the last checkpoint durable, exactly once, in this order:
 
-    1. encode every output, dead letter, ledger change (with the partition's next input offset) and tick;
+    1. take every output and dead letter (encoded as they were folded, in input order), encode the ledger
+       changes (with the partition's next input offset);
     2. begin a transaction; produce the outputs to the same partition number of their topics, the ledger
        changes to the same partition of `ledger-changelog`, the ticks to the input topic;
     3. flush, then send the input offsets of every owned partition with the consumer's group metadata
@@ -111,7 +101,7 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
     ProducerFenced / FatalProducerError after discarding. If the commit was sent and its outcome is not
     known, CommitOutcomeUnknown is raised.
     """
-    records, changes = encode_checkpoint(tasks, ticks, topics, codec)
+    records, changes = encode_checkpoint(tasks, ticks, topics)
     changelog_offsets: dict[int, int] = {}
     failures: list[KafkaError] = []
 
@@ -155,7 +145,7 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
     except _Aborted:
         return CheckpointResult(committed=False)
     faults.crash_point("after_commit")
-    events = sum(len(task.out.results) for task in tasks)
+    events = sum(task.results for task in tasks)
     for task in tasks:
         task_changes = changes[task.partition]
         if task_changes and task.partition not in changelog_offsets:

@@ -13,6 +13,14 @@ from projections.view import LedgerView
 from schemas.codec import Codec
 
 
+# Output record lists of `Outputs`, the topic (logical name) each goes to, and its Avro record name.
+OUTPUT_ROUTES = (
+    ("results", "settlement-results", "SettlementResult"),
+    ("releases", "capacity-releases", "CapacityReleased"),
+    ("settled", "capacity-releases", "ParentSettled"),
+    ("audits", "settlement-audit", "AuditRecord"),
+)
+
 # The next input offset the projection covers: written with every checkpoint's ledger changes, in the
 # changelog and in the store, so a restore knows when it has caught up with the committed offsets.
 INPUT_POSITION_KEY = keys.META + keys.SEP + b"input_position"
@@ -34,8 +42,11 @@ class PartitionTask:
         self.codec = codec
         self.view = LedgerView(store, codec.encode, codec.decode)
         self.fold = Fold(self.view, partition)
-        self.out = Outputs()
-        self.dead_letters: list[tuple[bytes | None, dict]] = []
+        self.out = Outputs()  # what the event being folded produces; encoded into `records` right after
+        # Everything produced since the last checkpoint, encoded, in input order: (logical topic, key, value).
+        self.records: list[tuple[str, bytes | None, bytes]] = []
+        self.results = 0  # events folded since the last checkpoint
+        self.dead_letters = 0
         # Next input offset to commit once the buffered work is committed; None: nothing folded since.
         self.position: int | None = None
         # Next input offset the group has committed: where to rewind after an abort.
@@ -48,24 +59,48 @@ class PartitionTask:
         self.capacity = self._capacity_from_store()
 
     def has_work(self) -> bool:
-        return self.position is not None or bool(self.dead_letters)
+        return self.position is not None or bool(self.records)
+
+    def apply(self, event: dict, offset: int, on_release=None) -> dict:
+        """Fold one event and encode its outputs at once, in input order: the checkpoint then only produces
+        (shorter transactions), and each output partition carries its records in input order. An encoding
+        failure raises like a failure of the fold: a bug, never bad input."""
+        out = self.out
+        result = self.fold.apply(event, offset, out)
+        encode = self.codec.encode
+        records = self.records
+        for attr, topic, record_name in OUTPUT_ROUTES:
+            for record in getattr(out, attr):
+                records.append((topic, record["parent_id"].encode(), encode(record_name, record)))
+        if on_release is not None:
+            for release in out.releases:
+                on_release(release)
+        out.clear()
+        self.results += 1
+        return result
+
+    def dead_letter(self, key: bytes | None, letter: dict) -> None:
+        self.records.append(("branch-events-dlq", key, self.codec.encode("DeadLetter", letter)))
+        self.dead_letters += 1
 
     def discard(self) -> None:
         """Forget everything since the last commit (after an abort): the projection is as committed."""
         self.view.discard()
+        self._clear()
+
+    def _clear(self) -> None:
         self.out.clear()
-        self.dead_letters.clear()
+        self.records.clear()
+        self.results = self.dead_letters = 0
         self.position = None
 
     def forget_committed(self) -> None:
         """The transaction committed: the buffers are durable in Kafka, so nothing here may be committed
         again, whatever happens next."""
         self.view.mark_committed()
-        self.out.clear()
-        self.dead_letters.clear()
         if self.position is not None:
             self.committed_position = self.position
-        self.position = None
+        self._clear()
 
     def write_committed(self, changes: list, changelog_offset: int | None) -> None:
         """Then the projection batch, with the changelog offset it brings the store up to."""

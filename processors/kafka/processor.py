@@ -50,6 +50,8 @@ class Processor:
         self.tasks: dict[int, PartitionTask] = {}
         self.ticks: list[tuple[int, bytes]] = []
         self.events_since_checkpoint = 0
+        # Start of the last checkpoint: the next is due commit_interval_ms after it (a fixed period, so the
+        # time an event waits for its commit does not grow with the checkpoint's own duration).
         self.last_checkpoint = time.monotonic()
         self.producer: Producer | None = None
         self.consumer: Consumer | None = None
@@ -243,7 +245,11 @@ class Processor:
 
     def step(self) -> None:
         self._replace_consumer_if_not_rejoined()
-        messages = self.consumer.consume(num_messages=CONSUME_BATCH, timeout=IDLE_POLL_S)
+        timeout = IDLE_POLL_S
+        if self._has_work():  # never wait for input past the checkpoint's due time
+            due = self.last_checkpoint + self.config.commit_interval_ms / 1000
+            timeout = min(IDLE_POLL_S, max(due - time.monotonic(), 0.0))
+        messages = self.consumer.consume(num_messages=CONSUME_BATCH, timeout=timeout)
         for message in messages:
             self._fold(message)
         self._schedule_ticks()
@@ -267,19 +273,22 @@ class Processor:
         try:
             event = self.codec.decode_event(message.value() or b"")
         except CodecError as exc:
-            task.dead_letters.append((message.key(), {
+            task.dead_letter(message.key(), {
                 "source_topic": message.topic(), "partition": message.partition(), "offset": message.offset(),
-                "original": message.value() or b"", "reason": str(exc), "line": None, "event_id": None}))
+                "original": message.value() or b"", "reason": str(exc), "line": None, "event_id": None})
             self.metrics.dead_letters.inc()
         else:
             try:
-                result = task.fold.apply(event, message.offset(), task.out)
+                result = task.apply(event, message.offset(), self._count_release)
             except Exception as failure:  # an InvariantViolation, or any other bug in the fold
                 self._stop_partition(task, failure)
                 return
             self.metrics.events.labels(result["result"]).inc()
         task.position = message.offset() + 1
         self.events_since_checkpoint += 1
+
+    def _count_release(self, release: dict) -> None:
+        self.metrics.releases.labels(release["dimension"], release["destination"]).inc(release["quantity"])
 
     def _stop_partition(self, task: PartitionTask, violation: Exception) -> None:
         """A bug, not bad input: stop this partition (the others go on), keep its committed state, say so.
@@ -307,8 +316,11 @@ class Processor:
                     "occurred_at_ms": now_ms, "now_ms": now_ms}
             self.ticks.append((task.partition, self.codec.encode_event(tick)))
 
+    def _has_work(self) -> bool:
+        return bool(self.ticks) or any(task.has_work() for task in self.tasks.values())
+
     def _checkpoint_due(self) -> bool:
-        if not self.ticks and not any(task.has_work() for task in self.tasks.values()):
+        if not self._has_work():
             return False
         if self.events_since_checkpoint >= self.config.commit_events:
             return True
@@ -320,7 +332,7 @@ class Processor:
         owned = {task.partition for task in tasks}
         ticks = [(p, tick) for p, tick in self.ticks if p in owned]
         try:
-            result = commit_checkpoint(self.producer, self.consumer, tasks, ticks, self.topics, self.codec,
+            result = commit_checkpoint(self.producer, self.consumer, tasks, ticks, self.topics,
                                        self._call_timeout_s())
         except ProducerFenced as exc:
             self._recover_from_fence(exc)
@@ -342,7 +354,7 @@ class Processor:
             result = None
         self.ticks.clear()
         self.events_since_checkpoint = 0
-        self.last_checkpoint = time.monotonic()
+        self.last_checkpoint = started
         committed = bool(result and result.committed)
         self.metrics.transactions.labels("committed" if committed else "aborted").inc()
         self.metrics.checkpoint_seconds.set(time.monotonic() - started)

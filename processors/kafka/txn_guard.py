@@ -19,6 +19,8 @@ import logging
 import threading
 from typing import Callable, TypeVar
 
+from confluent_kafka import KafkaException
+
 from processors.kafka.errors import KafkaFailure
 
 log = logging.getLogger("settle.txn")
@@ -53,6 +55,10 @@ def bounded(what: str, call: Callable[..., T], *args, timeout_s: float) -> T:
     def target() -> None:
         try:
             box["value"] = call(*args)
+        except SystemError as exc:
+            # confluent-kafka: a fatal error (e.g. _FENCED) raised while a delivery callback was running
+            # surfaces as a SystemError caused by the KafkaException: that is the error to handle.
+            box["error"] = exc.__cause__ if isinstance(exc.__cause__, KafkaException) else exc
         except BaseException as exc:  # re-raised in the caller's thread
             box["error"] = exc
         finally:
