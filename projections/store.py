@@ -22,7 +22,42 @@ from projections import keys
 Change = tuple[bytes, bytes | None]  # (key, value) or (key, None) for a delete
 
 NO_OFFSET = -1
-WRITE_BUFFER_BYTES = 8 * 1024 * 1024
+
+# RocksDB's memory, bounded per process rather than per database (a process opens one database per owned
+# partition): every RocksStore of the process shares one block cache, which also holds the index and filter
+# blocks (otherwise kept outside any cache, growing with the data), and one write buffer manager whose
+# memtables are charged to that same cache. RocksDB's memory then stays near ROCKSDB_CACHE_BYTES whatever
+# the ledger's size and the number of partitions. `set_rocksdb_memory` changes both before the first store
+# opens.
+ROCKSDB_CACHE_BYTES = 64 * 1024 * 1024
+ROCKSDB_WRITE_BUFFERS_BYTES = 32 * 1024 * 1024  # all memtables together, counted inside the cache
+WRITE_BUFFER_BYTES = 8 * 1024 * 1024  # one memtable of one database
+BLOOM_BITS_PER_KEY = 10  # most lookups of the fold are for keys not yet written (new children, new keys)
+
+_shared: dict = {}
+
+
+def set_rocksdb_memory(cache_bytes: int, write_buffers_bytes: int | None = None) -> None:
+    """The process-wide RocksDB budget: the block cache (which also holds the memtables, up to
+    `write_buffers_bytes`, default half of it). Only before the first RocksStore of the process opens."""
+    global ROCKSDB_CACHE_BYTES, ROCKSDB_WRITE_BUFFERS_BYTES
+    if _shared:
+        raise RuntimeError("set_rocksdb_memory: a RocksStore is already open in this process")
+    ROCKSDB_CACHE_BYTES = cache_bytes
+    ROCKSDB_WRITE_BUFFERS_BYTES = cache_bytes // 2 if write_buffers_bytes is None else write_buffers_bytes
+
+
+def _shared_memory():
+    """The block cache and the write buffer manager every RocksStore of the process uses (created once, kept
+    for the life of the process: RocksDB requires them to outlive every database using them)."""
+    if not _shared:
+        from rocksdict import Cache, WriteBufferManager
+
+        cache = Cache(ROCKSDB_CACHE_BYTES)
+        _shared["cache"] = cache
+        _shared["write_buffers"] = WriteBufferManager.new_write_buffer_manager_with_cache(
+            ROCKSDB_WRITE_BUFFERS_BYTES, False, cache)
+    return _shared["cache"], _shared["write_buffers"]
 
 
 class Store(Protocol):
@@ -79,14 +114,22 @@ class RocksStore:
     """RocksDB through rocksdict, in raw (bytes) mode. One database directory per input partition."""
 
     def __init__(self, path: str | os.PathLike, *, read_only: bool = False) -> None:
-        from rocksdict import AccessType, Options, Rdict
+        from rocksdict import AccessType, BlockBasedOptions, Options, Rdict
 
+        cache, write_buffers = _shared_memory()
         options = Options(raw_mode=True)
         options.create_if_missing(not read_only)
-        # One database per input partition, several per process: RocksDB's default memtables (64 MB, two
-        # of them) would make memory grow with the partition count, not with the work.
+        # One database per input partition, several per process: the memtables (8 MB each, two at most per
+        # database) are also bounded all together by the shared write buffer manager.
         options.set_write_buffer_size(WRITE_BUFFER_BYTES)
         options.set_max_write_buffer_number(2)
+        options.set_write_buffer_manager(write_buffers)
+        table = BlockBasedOptions()
+        table.set_block_cache(cache)
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+        table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
+        options.set_block_based_table_factory(table)
         self.path = os.fspath(path)
         if not read_only:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)

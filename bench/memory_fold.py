@@ -1,0 +1,157 @@
+"""RSS of the fold over a growing ledger, without Kafka (issue 6, memory). Not a test: it reports.
+
+    .venv/bin/python bench/memory_fold.py --children 1000000 [--partitions 8] [--store rocks|memory]
+                                          [--checkpoint-events 2000] [--tracemalloc] [--avro]
+
+What the processor does to memory, minus the broker: `partitions` RocksDB projections (one LedgerView and
+Fold each, as `PartitionTask` builds them), the ledger fill of bench/suite/backlog.py (parents of 64
+children, one ChildReserved each) spread over the partitions by parent, a checkpoint every
+`checkpoint-events` events (changes encoded, the views' buffers forgotten, the RocksDB batches written, in
+the processor's order). Prints VmRSS against children folded, the view caches' size and RocksDB's own
+memory figures; with `--tracemalloc`, the Python allocations that grew most between the first and the last
+tenth of the fill (slow: use it on 100-200k children).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.suite.backlog import ledger_fill_events  # noqa: E402
+from processors.fold import Fold  # noqa: E402
+from processors.outputs import Outputs  # noqa: E402
+from projections import view as view_module  # noqa: E402
+from projections.store import MemoryStore, RocksStore  # noqa: E402
+from projections.view import LedgerView  # noqa: E402
+from schemas.codec import default_codec  # noqa: E402
+
+OUTPUT_RECORDS = (("results", "SettlementResult"), ("releases", "CapacityReleased"), ("audits", "AuditRecord"),
+                  ("settled", "ParentSettled"))
+
+
+def status_kb() -> dict[str, int]:
+    found = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            name, value = line.split(":", 1)
+            found[name] = int(value.split()[0])
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--children", type=int, default=200_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--store", choices=("rocks", "memory"), default="rocks")
+    parser.add_argument("--checkpoint-events", type=int, default=2000)
+    parser.add_argument("--points", type=int, default=20, help="RSS samples over the fill")
+    parser.add_argument("--avro", action="store_true", help="encode and decode every event, as the processor does")
+    parser.add_argument("--cache-records", type=int, help="the process-wide view cache budget "
+                        f"(default {view_module.DEFAULT_CACHE_RECORDS:,} records)")
+    parser.add_argument("--tracemalloc", action="store_true")
+    parser.add_argument("--state-dir", help="where the RocksDB projections go (default: a temporary directory)")
+    parser.add_argument("--json", help="write the figures to this file")
+    args = parser.parse_args()
+
+    if args.tracemalloc:
+        import tracemalloc
+        tracemalloc.start(8)
+    if args.cache_records is not None:
+        view_module.set_cache_budget(args.cache_records)
+    codec = default_codec()
+    tmp = tempfile.TemporaryDirectory(prefix="memory-fold-", dir=args.state_dir)
+    stores = [RocksStore(os.path.join(tmp.name, f"partition-{p}")) if args.store == "rocks" else MemoryStore()
+              for p in range(args.partitions)]
+    views = [LedgerView(store, codec.encode, codec.decode) for store in stores]
+    folds = [Fold(view, p) for p, view in enumerate(views)]
+    outs = [Outputs() for _ in range(args.partitions)]
+    offsets = [0] * args.partitions
+    dirty: set[int] = set()
+    every = max(1, args.children // args.points)
+    curve = []
+    children = events = 0
+    snapshots = []
+    started = time.perf_counter()
+    print(f"start: RSS {status_kb()['VmRSS'] / 1024:.1f} MB", flush=True)
+
+    def checkpoint() -> None:
+        for p in sorted(dirty):
+            out = outs[p]
+            for attr, name in OUTPUT_RECORDS:
+                for record in getattr(out, attr):
+                    codec.encode(name, record)
+            out.clear()
+            changes = views[p].changes()
+            views[p].mark_committed()
+            stores[p].write(changes, offsets[p])
+        dirty.clear()
+
+    for event in ledger_fill_events(args.children):
+        p = zlib.crc32(event["parent_id"].encode()) % args.partitions
+        event = codec.event_from_json(event)
+        if args.avro:
+            event = codec.decode_event(codec.encode_event(event))
+        folds[p].apply(event, offsets[p], outs[p])
+        offsets[p] += 1
+        dirty.add(p)
+        events += 1
+        if event["type"] == "ChildReserved":
+            children += 1
+            if children % every == 0:
+                status = status_kb()
+                cached = view_module.cache_budget().cached()
+                curve.append({"children": children, "rss_mb": round(status["VmRSS"] / 1024, 1), "cached": cached,
+                              "timers": sum(v.pending_timer_count() for v in views)})
+                print(f"{children:>10,} children  RSS {status['VmRSS'] / 1024:7.1f} MB  cached records {cached:>8,}"
+                      f"  {time.perf_counter() - started:6.0f} s", flush=True)
+                if args.tracemalloc and (children == every or children // every == args.points):
+                    snapshots.append(tracemalloc.take_snapshot())
+        if events % args.checkpoint_events == 0:
+            checkpoint()
+    checkpoint()
+    status = status_kb()
+    rocks = {}
+    if args.store == "rocks":
+        for prop in ("rocksdb.cur-size-all-mem-tables", "rocksdb.estimate-table-readers-mem"):
+            try:
+                rocks[prop] = sum(s._db.property_int_value(prop) or 0 for s in stores)
+            except Exception as exc:  # a property the binding does not expose
+                rocks[prop] = repr(exc)
+        from projections import store as store_module
+        if store_module._shared:
+            rocks["shared block cache usage"] = store_module._shared["cache"].get_usage()
+            rocks["shared block cache pinned"] = store_module._shared["cache"].get_pinned_usage()
+            rocks["write buffer manager usage"] = store_module._shared["write_buffers"].get_usage()
+    print(f"end: {children:,} children, {events:,} events in {time.perf_counter() - started:.0f} s; "
+          f"RSS {status['VmRSS'] / 1024:.1f} MB, peak {status['VmHWM'] / 1024:.1f} MB; "
+          f"cache budget {view_module.cache_budget().records:,} records")
+    for prop, value in rocks.items():
+        print(f"  {prop}: {value if isinstance(value, str) else f'{value / 2**20:.1f} MB'}")
+    if len(snapshots) == 2:
+        print("tracemalloc: grew most between the first and the last sample")
+        for stat in snapshots[1].compare_to(snapshots[0], "traceback")[:12]:
+            print(f"  {stat.size_diff / 2**20:+8.1f} MB  {stat.count_diff:+9,} blocks")
+            for line in stat.traceback.format()[-6:]:
+                print("     ", line)
+    doc = {"children": children, "events": events, "partitions": args.partitions, "store": args.store,
+           "checkpoint_events": args.checkpoint_events, "rss_mb": round(status["VmRSS"] / 1024, 1),
+           "peak_rss_mb": round(status["VmHWM"] / 1024, 1), "cache_records": view_module.cache_budget().records,
+           "rocksdb": rocks, "curve": curve}
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    for store in stores:
+        store.close()
+    tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
