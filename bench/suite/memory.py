@@ -14,13 +14,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.suite import throughput
-from bench.suite.backlog import FILL_CHILDREN_PER_PARENT, Record, ledger_fill
+from bench.suite.backlog import FILL_CHILDREN_PER_PARENT, Record, encode_workload, ledger_fill_events
 from bench.suite.env import Env, TopicSet
 from bench.suite.procs import Procs, wait_assigned
 from bench.suite.progress import rate_between
 
 RSS_CURVE_POINTS = 12
 RESTORE_TIMEOUT_S = 1800.0
+FILL_EVENTS_PER_S_AT_LEAST = 2000  # the fill's time limit: throughput.RUN_TIMEOUT_S, or longer for a large fill
+
+
+class FillRecords:
+    """The ledger fill (backlog.ledger_fill) as input records encoded while they are produced: 5M children
+    held as a list would cost the driver ~2.5 GB."""
+
+    def __init__(self, children: int, partitions: int) -> None:
+        self.parents = (children + FILL_CHILDREN_PER_PARENT - 1) // FILL_CHILDREN_PER_PARENT
+        self.partitions = partitions
+
+    def __len__(self) -> int:
+        return self.parents * (1 + FILL_CHILDREN_PER_PARENT)
+
+    def __iter__(self):
+        from schemas.codec import default_codec
+        codec = default_codec()
+        chunk = []
+        for event in ledger_fill_events(self.parents * FILL_CHILDREN_PER_PARENT):
+            chunk.append(event)
+            if len(chunk) == 1 + FILL_CHILDREN_PER_PARENT:
+                yield from encode_workload(chunk, self.partitions, codec)
+                chunk.clear()
+        yield from encode_workload(chunk, self.partitions, codec)
 
 
 @dataclass
@@ -39,9 +63,14 @@ class MemoryResult:
 
 def measure(env: Env, procs: Procs, topic_set: TopicSet, children: int, on_top: list[list[Record]],
             work_dir: Path) -> MemoryResult:
-    fill = ledger_fill(children, topic_set.partitions)
-    run, running = throughput.run_processors(env, procs, topic_set, fill, 1, work_dir, "memory", keep_running=True)
-    del fill
+    fill = FillRecords(children, topic_set.partitions)
+    run_timeout_s = throughput.RUN_TIMEOUT_S
+    throughput.RUN_TIMEOUT_S = max(run_timeout_s, len(fill) / FILL_EVENTS_PER_S_AT_LEAST)
+    try:
+        run, running = throughput.run_processors(env, procs, topic_set, fill, 1, work_dir, "memory",
+                                                 keep_running=True)
+    finally:
+        throughput.RUN_TIMEOUT_S = run_timeout_s
     child = running[0]
     group, slot = run.group, f"{env.run_id}-memory-0"
     try:
