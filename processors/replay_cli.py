@@ -120,7 +120,8 @@ def _replay_file(args: argparse.Namespace) -> int:
         raise SettlementError(f"--store {args.store} already exists: replay folds into a fresh projection")
     store = RocksStore(args.store) if args.store else MemoryStore()
     try:
-        result, store = rp.replay(rp.read_events(args.file, codec), store, codec=codec,
+        # a large file is decoded by a second process while this one folds
+        result, store = rp.replay(rp.read_events_aside(args.file, codec), store, codec=codec,
                                   checkpoint_events=args.checkpoint_events)
         if args.json:
             sys.stdout.write(json.dumps(rp.replay_document(result, store, codec), indent=2, ensure_ascii=False) + "\n")

@@ -3,7 +3,8 @@ the same records decoded or consumed with nothing else done. Each measurement ru
 (`python -m bench.suite.recovery KIND ...`, one JSON line on stdout), so no heap or thread of the benchmark
 driver weighs on it.
 
-- file:    `settle replay FILE`'s path (processors.replay over a JSON Lines file, in-memory store) vs
+- file:    `settle replay FILE`'s path (processors.replay over a JSON Lines file, decoded by a second process
+           while this one folds: read_events_aside; in-memory store) vs
            reading and decoding the same lines into events (processors.replay.read_events);
 - topic:   `settle replay --topic`'s audit replay (processors.kafka.topic_replay.audit_replay: re-fold the
            input topic, compare every output) vs a raw read_committed consume of the same topics (raw_consume);
@@ -24,7 +25,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from processors.kafka.restore import restore
 from processors.kafka.topic_replay import OUTPUT_TOPICS, audit_replay
-from processors.replay import read_events, replay
+from processors.replay import read_events, read_events_aside, replay
 from processors.replay_cli_ledgers import live_projections
 from projections import keys
 from projections.store import MemoryStore, RocksStore
@@ -74,7 +75,7 @@ def file_replay(path: str) -> dict:
     codec = default_codec()
     lines, decode_s, (result, _), replay_s = ceiling_around(
         lambda: sum(1 for _ in read_events(path, codec)),
-        lambda: replay(read_events(path, codec), MemoryStore(), codec=codec))
+        lambda: replay(read_events_aside(path, codec), MemoryStore(), codec=codec))
     return {"records": lines, "events": result.events, "dead_letters": len(result.dead_letters),
             "replay_s": round(replay_s, 3), "replay_events_per_s": round(lines / replay_s),
             "ceiling_s": round(decode_s, 3), "ceiling_events_per_s": round(lines / decode_s)}

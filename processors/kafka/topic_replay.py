@@ -58,6 +58,7 @@ class Report:
     divergences: list[Divergence] = field(default_factory=list)
     folded: dict = field(default_factory=dict)
     seconds: float = 0.0
+    processes: dict = field(default_factory=dict)  # partition -> (pid, its CPU seconds, wall time) when done
 
     @property
     def agrees(self) -> bool:
@@ -265,23 +266,23 @@ def audit_replay(client_config: dict, names: dict[str, str], codec: Codec, *, pa
                  keep_folded: bool = True) -> Report:
     """Re-fold the input topic and compare everything derived with what was committed.
 
-    Partitions are independent (each its own ledger and ledger time), so they are split over `jobs`
-    processes (default: one per core, at most one per partition); this process takes one share itself.
-    `live_ledgers`: the live ledgers per partition (`ledger_snapshot`s), or a `LiveProjections` that each
-    process opens for its own partitions. `keep_folded`: return each partition's `ReplayResult` and store
-    in `Report.folded` (for `--json`; the other processes then send them back)."""
+    Partitions are independent (each its own ledger and ledger time), so `jobs` processes (default: one per
+    core, at most one per partition; this process is one of them) take them one at a time, the largest
+    first, until none is left. `live_ledgers`: the live ledgers per partition (`ledger_snapshot`s), or a
+    `LiveProjections` that each process opens for its own partitions. `keep_folded`: return each
+    partition's `ReplayResult` and store in `Report.folded` (for `--json`; other processes send them back).
+    The other processes are forked when this process runs a single thread, else spawned (multiprocessing's
+    spawn: a script calling this from another thread needs the usual `if __name__ == "__main__":` guard)."""
     started = time.monotonic()
     topic = names["branch-events"]
     partitions = partitions if partitions is not None else partitions_of(client_config, topic)
     sizes = input_sizes(client_config, topic, partitions)
+    order = sorted(partitions, key=lambda p: (-sizes[p], p))
     report = Report(partitions=partitions)
     progress = Progress(sum(sizes.values()), stream=progress_stream or sys.stderr)
-    shares = split(sizes, _jobs(jobs, partitions, codec, store_factory))
-    jobs_ = [_Job(client_config, names, share, offset_range, _live_share(live_ledgers, share), keep_folded,
-                  store_factory) for share in shares]
-    done = _run_jobs(jobs_, progress, codec)
+    job = _Job(client_config, names, order, offset_range, live_ledgers, keep_folded, store_factory)
+    by_partition = _run_jobs(job, _jobs(jobs, partitions, codec, store_factory), progress, codec)
     progress.finish()
-    by_partition = {p: part for job_parts in done for p, part in job_parts.items()}
     # divergences in the order a sequential replay reports them: topic by topic, then the ledgers
     for section in (*DERIVED, "branch-events-dlq", "ledger"):
         for p in sorted(by_partition):
@@ -290,12 +291,13 @@ def audit_replay(client_config: dict, names: dict[str, str], codec: Codec, *, pa
     report.compared = sum(part.compared for part in by_partition.values())
     if keep_folded:
         report.folded = {p: by_partition[p].folded for p in sorted(by_partition)}
+    report.processes = {p: (part.process, part.cpu_s, part.done_at) for p, part in by_partition.items()}
     report.seconds = time.monotonic() - started
     return report
 
 
 def input_sizes(client_config: dict, topic: str, partitions: list[int]) -> dict[int, int]:
-    """Records in each partition of the input (end - beginning: a share's weight, markers included)."""
+    """Records in each partition of the input (end - beginning, markers included): which to replay first."""
     consumer = Consumer({**client_config, "group.id": GROUP_ID, **READER_SETTINGS})
     try:
         sizes = {}
@@ -307,17 +309,6 @@ def input_sizes(client_config: dict, topic: str, partitions: list[int]) -> dict[
         raise KafkaFailure.wrap(f"offsets of {topic}", exc) from None
     finally:
         consumer.close()
-
-
-def split(sizes: dict[int, int], jobs: int) -> list[list[int]]:
-    """Partitions in `jobs` shares of about equal input, the largest first; each share sorted."""
-    shares: list[list[int]] = [[] for _ in range(max(1, min(jobs, len(sizes))))]
-    loads = [0] * len(shares)
-    for p in sorted(sizes, key=lambda p: (-sizes[p], p)):
-        i = loads.index(min(loads))
-        shares[i].append(p)
-        loads[i] += sizes[p]
-    return [sorted(share) for share in shares if share]
 
 
 def _jobs(jobs: int | None, partitions: list[int], codec: Codec, store_factory) -> int:
@@ -343,17 +334,11 @@ class LiveProjections:
         return RocksStore(path, read_only=True) if os.path.exists(path) else None
 
 
-def _live_share(live, share: list[int]):
-    if live is None or isinstance(live, LiveProjections):
-        return live
-    return {p: live[p] for p in share if p in live}
-
-
 @dataclass
 class _Job:
     client_config: dict
     names: dict[str, str]
-    partitions: list[int]
+    order: list[int]  # the partitions, in the order they are taken
     offset_range: tuple[int, int]
     live: object  # dict[int, dict] | LiveProjections | None
     keep_folded: bool
@@ -368,21 +353,24 @@ class _Partition:
     compared: int = 0
     divergences: dict[str, list[Divergence]] = field(default_factory=dict)  # section -> divergences
     folded: tuple[ReplayResult, Store] | None = None
+    process: int = 0  # pid of the process that replayed it
+    cpu_s: float = 0.0  # that process's CPU time when it was done
+    done_at: float = 0.0  # wall-clock time when it was done
 
 
-def _run_jobs(jobs: list[_Job], progress: Progress, codec: Codec) -> list[dict[int, _Partition]]:
-    """The first job in this process, each other in a fresh process started first; their results."""
-    if len(jobs) == 1:
-        return [_replay_share(jobs[0], progress, codec)]
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold librdkafka threads
-    counter = ctx.Value("q", 0, lock=False)
+def _run_jobs(job: _Job, jobs: int, progress: Progress, codec: Codec) -> dict[int, _Partition]:
+    """This process and `jobs - 1` fresh ones take partitions from `job.order` until none is left."""
+    if jobs == 1:
+        taken = iter(job.order)
+        return _replay_share(job, lambda: next(taken, None), progress, codec)
+    ctx = _start_method()
+    next_index = ctx.Value("i", 0)  # with its lock: the index in job.order of the next partition to take
+    counter = ctx.Value("q", 0, lock=False)  # events folded by the other processes, for the progress bar
     workers = []
     try:
-        for job in jobs[1:]:
+        for _ in range(jobs - 1):
             receive, send = ctx.Pipe(duplex=False)
-            worker = ctx.Process(target=_worker, args=(job, counter, send), daemon=True)
+            worker = ctx.Process(target=_worker, args=(job, next_index, counter, send), daemon=True)
             worker.start()
             send.close()
             workers.append((worker, receive))
@@ -393,15 +381,16 @@ def _run_jobs(jobs: list[_Job], progress: Progress, codec: Codec) -> list[dict[i
             own_done += n
             progress.update(own_done + counter.value)
 
-        results = [_replay_share(jobs[0], own_progress, codec)]
+        results = _replay_share(job, _claimer(job.order, next_index), own_progress, codec)
         for worker, receive in workers:
             try:
                 status, value = receive.recv()
             except EOFError:
-                raise KafkaFailure(f"a replay process died (exit code {worker.join(5) or worker.exitcode})") from None
+                worker.join(5)
+                raise KafkaFailure(f"a replay process died (exit code {worker.exitcode})") from None
             if status != "ok":
                 raise KafkaFailure(value)
-            results.append(value)
+            results.update(value)
         return results
     finally:
         for worker, receive in workers:
@@ -411,46 +400,44 @@ def _run_jobs(jobs: list[_Job], progress: Progress, codec: Codec) -> list[dict[i
                 worker.kill()
 
 
-def _worker(job: _Job, counter, send) -> None:
+def _start_method():
+    """fork when this process runs a single thread (nothing to import again, the codec already built), else
+    spawn: a fork of a process holding librdkafka's (or any other) threads may inherit a lock held by one."""
+    import multiprocessing
+
+    try:
+        single = len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        single = False
+    return multiprocessing.get_context("fork" if single else "spawn")
+
+
+def _claimer(order: list[int], next_index) -> Callable[[], int | None]:
+    def claim() -> int | None:
+        with next_index.get_lock():
+            i = next_index.value
+            if i >= len(order):
+                return None
+            next_index.value = i + 1
+        return order[i]
+    return claim
+
+
+def _worker(job: _Job, next_index, counter, send) -> None:
     def progress(n: int) -> None:
         counter.value += n  # one writer per 1000 events each; a lost update only slows the bar
 
     try:
-        result = ("ok", _replay_share(job, progress))
+        result = ("ok", _replay_share(job, _claimer(job.order, next_index), progress))
     except BaseException as exc:  # the message travels; the exception's class may not unpickle
         result = ("error", f"{type(exc).__name__}: {exc}")
     send.send(result)
     send.close()
 
 
-def _replay_share(job: _Job, progress, codec: Codec | None = None) -> dict[int, _Partition]:
-    """Read this share's partitions of the input and the four output topics with one consumer, fold each
-    input record as it arrives, then compare every partition."""
-    codec = codec or default_codec()
-    names, partitions = job.names, job.partitions
-    store_factory = job.store_factory or MemoryStore
-    replayers = {p: Replayer(store_factory(), codec=codec, partition=p) for p in partitions}
-    outputs = {(t, p): _Output() for t in OUTPUT_TOPICS for p in partitions}
-    consumer = Consumer({**job.client_config, "group.id": GROUP_ID, **READER_SETTINGS})
-    try:
-        _fold_inputs(consumer, names, replayers, outputs, codec, progress)
-        _read_outputs(consumer, names, outputs)
-    except KafkaException as exc:
-        raise KafkaFailure.wrap("reading the topics", exc) from None
-    finally:
-        consumer.close()
-    parts = {}
-    for p in partitions:
-        result, store = replayers[p].finish()
-        part = _Partition(events=len(result.dead_letters) + result.events)
-        published = {t: outputs[(t, p)].records for t in OUTPUT_TOPICS}
-        _compare_partition(p, result, published, codec, job.offset_range, names, part)
-        if job.live is not None:
-            _compare_ledger(p, store, job.live, codec, part)
-        if job.keep_folded:
-            part.folded = (result, store)
-        parts[p] = part
-    return parts
+# Partitions a process has assigned at once: while one finishes (its last outputs, the comparison), the
+# broker already sends the next.
+WINDOW = 2
 
 
 class _Output:
@@ -460,7 +447,7 @@ class _Output:
 
     def __init__(self) -> None:
         self.records: list[tuple[int, bytes]] = []  # (offset, value)
-        self.end: int | None = None  # where reading stops: decided once the fold is done
+        self.end: int | None = None  # where reading stops: decided once the partition's fold is done
         self.eof = -1  # the highest end-of-partition position seen before that
         self.done = False
 
@@ -471,7 +458,7 @@ class _Output:
             if self.end is None:
                 self.eof = max(self.eof, message.offset())
             else:
-                self.done = True
+                self.done = True  # reached the end as read_committed sees it
             return
         offset = message.offset()
         if self.end is not None and offset >= self.end:
@@ -481,76 +468,133 @@ class _Output:
         if self.end is not None and offset >= self.end - 1:
             self.done = True
 
+    def set_end(self, end: int) -> None:
+        self.end = end
+        if self.records and self.records[-1][0] >= end:
+            self.records[:] = [r for r in self.records if r[0] < end]
+        last = self.records[-1][0] if self.records else -1
+        self.done = end == 0 or self.eof >= end or last >= end - 1
 
-def _fold_inputs(consumer, names: dict[str, str], replayers: dict[int, Replayer], outputs: dict, codec: Codec,
-                 progress) -> None:
-    """Every committed input record, folded as it arrives. The output topics are assigned at the same time
-    (from the beginning), so the broker sends them while the inputs are folded; where they end is decided
-    only once the fold is done (`_read_outputs`), as when they were read after it."""
+
+class _Active:
+    """A partition being replayed: its fold, fed as input records arrive, and its outputs as read."""
+
+    def __init__(self, p: int, job: _Job, codec: Codec) -> None:
+        self.p = p
+        self.replayer = Replayer((job.store_factory or MemoryStore)(), codec=codec, partition=p)
+        self.feed = self.replayer.feed
+        self.input_end = 0
+        self.inputs_done = False
+        self.outputs = {t: _Output() for t in OUTPUT_TOPICS}
+        self.outputs_left = len(OUTPUT_TOPICS)
+
+
+def _replay_share(job: _Job, claim: Callable[[], int | None], progress, codec: Codec | None = None
+                  ) -> dict[int, _Partition]:
+    """Replay the partitions `claim` gives, each with its four output topics, through one consumer: every
+    input record is folded as it arrives; the output topics are assigned at the same time (from the
+    beginning), so the broker sends them while the inputs are folded, but where they end is decided only
+    once the partition's fold is done (their last stable offsets then), as when they were read after it."""
+    codec = codec or default_codec()
+    names = job.names
     topic = names["branch-events"]
-    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in replayers}
-    pending = {p for p, end in ends.items() if end > 0}
     logical = {names[t]: t for t in OUTPUT_TOPICS}
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(pending)] +
-                    [TopicPartition(names[t], p, OFFSET_BEGINNING) for t, p in outputs])
     decode_event = codec.decode_event
-    feeds = {p: r.feed for p, r in replayers.items()}
-    since_progress = 0
-    while pending:
-        for message in consumer.consume(num_messages=BATCH, timeout=IDLE_WAIT_S):
-            name = message.topic()
-            p = message.partition()
-            err = message.error()
-            if name != topic:
-                outputs[(logical[name], p)].take(message, err, name, p)
-                continue
-            if p not in pending:
-                continue
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    pending.discard(p)
+    consumer = Consumer({**job.client_config, "group.id": GROUP_ID, **READER_SETTINGS})
+    active: dict[int, _Active] = {}
+    parts: dict[int, _Partition] = {}
+    folded_since_progress = 0
+
+    def take_next() -> bool:
+        p = claim()
+        if p is None:
+            return False
+        part = active[p] = _Active(p, job, codec)
+        part.input_end = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+        consumer.incremental_assign(([TopicPartition(topic, p, OFFSET_BEGINNING)] if part.input_end > 0 else []) +
+                                    [TopicPartition(names[t], p, OFFSET_BEGINNING) for t in OUTPUT_TOPICS])
+        if part.input_end == 0:
+            inputs_done(part)
+        return True
+
+    def inputs_done(part: _Active) -> None:
+        part.inputs_done = True
+        if part.input_end > 0:
+            consumer.incremental_unassign([TopicPartition(topic, part.p)])
+        for t, out in part.outputs.items():
+            out.set_end(consumer.get_watermark_offsets(TopicPartition(names[t], part.p), timeout=10)[1])
+        part.outputs_left = sum(1 for out in part.outputs.values() if not out.done)
+
+    try:
+        while len(active) < WINDOW and take_next():
+            pass
+        while active:
+            for message in consumer.consume(num_messages=BATCH, timeout=IDLE_WAIT_S):
+                name = message.topic()
+                p = message.partition()
+                part = active.get(p)
+                if part is None:
+                    continue  # fetched before its partition was finished and unassigned
+                err = message.error()
+                if name == topic:
+                    if part.inputs_done:
+                        continue
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            inputs_done(part)
+                            continue
+                        raise KafkaFailure(f"reading {topic}[{p}]: {err.str()} ({err.name()})", code=err.name())
+                    offset = message.offset()
+                    if offset >= part.input_end:
+                        inputs_done(part)
+                        continue
+                    value = message.value()
+                    try:
+                        item = Input(offset, decode_event(value or b""))
+                    except CodecError as exc:
+                        item = Input(offset, None, str(exc))
+                    part.feed(item)
+                    folded_since_progress += 1
+                    if folded_since_progress == 1000:
+                        progress(1000)
+                        folded_since_progress = 0
+                    if offset >= part.input_end - 1:
+                        inputs_done(part)
                     continue
-                raise KafkaFailure(f"reading {topic}[{p}]: {err.str()} ({err.name()})", code=err.name())
-            offset = message.offset()
-            if offset >= ends[p]:
-                pending.discard(p)
-                continue
-            value = message.value()
-            try:
-                item = Input(offset, decode_event(value or b""))
-            except CodecError as exc:
-                item = Input(offset, None, str(exc))
-            feeds[p](item)
-            since_progress += 1
-            if since_progress == 1000:
-                progress(1000)
-                since_progress = 0
-            if offset >= ends[p] - 1:
-                pending.discard(p)
-    progress(since_progress)
-    consumer.incremental_unassign([TopicPartition(topic, p) for p in sorted(ends) if ends[p] > 0])
+                out = part.outputs[logical[name]]
+                if out.done:
+                    continue
+                if err is None and out.end is None:
+                    out.records.append((message.offset(), message.value()))
+                    continue
+                out.take(message, err, name, p)
+                if out.done:
+                    part.outputs_left -= 1
+            for part in [part for part in active.values() if part.inputs_done and part.outputs_left == 0]:
+                consumer.incremental_unassign([TopicPartition(names[t], part.p) for t in OUTPUT_TOPICS])
+                del active[part.p]
+                take_next()
+                parts[part.p] = _finish(part, job, codec)
+        progress(folded_since_progress)
+    except KafkaException as exc:
+        raise KafkaFailure.wrap("reading the topics", exc) from None
+    finally:
+        consumer.close()
+    return parts
 
 
-def _read_outputs(consumer, names: dict[str, str], outputs: dict[tuple[str, int], _Output]) -> None:
-    """The output topics up to their ends now (the last stable offsets, under read_committed)."""
-    logical = {names[t]: t for t in OUTPUT_TOPICS}
-    for (t, p), out in outputs.items():
-        out.end = consumer.get_watermark_offsets(TopicPartition(names[t], p), timeout=10)[1]
-        if out.records and out.records[-1][0] >= out.end:
-            out.records[:] = [r for r in out.records if r[0] < out.end]
-        last = out.records[-1][0] if out.records else -1
-        out.done = out.end == 0 or out.eof >= out.end or last >= out.end - 1
-    pending = {key for key, out in outputs.items() if not out.done}
-    while pending:
-        for message in consumer.consume(num_messages=BATCH, timeout=IDLE_WAIT_S):
-            name, p = message.topic(), message.partition()
-            key = (logical[name], p)
-            out = outputs[key]
-            if out.done:
-                continue
-            out.take(message, message.error(), name, p)
-            if out.done:
-                pending.discard(key)
+def _finish(part: _Active, job: _Job, codec: Codec) -> _Partition:
+    p = part.p
+    result, store = part.replayer.finish()
+    done = _Partition(events=len(result.dead_letters) + result.events)
+    published = {t: out.records for t, out in part.outputs.items()}
+    _compare_partition(p, result, published, codec, job.offset_range, job.names, done)
+    if job.live is not None:
+        _compare_ledger(p, store, job.live, codec, done)
+    if job.keep_folded:
+        done.folded = (result, store)
+    done.process, done.cpu_s, done.done_at = os.getpid(), time.process_time(), time.time()
+    return done
 
 
 def _compare_partition(p: int, result: ReplayResult, published: dict, codec: Codec, offset_range: tuple[int, int],

@@ -103,6 +103,10 @@ def test_a_tampered_copy_is_detected_and_pinpointed(kafka_topics, kafka_admin, p
     assert f"missing   {releases}[{p}] (input offset {input_offset})" in run.stdout
     p, offset = where["injected"]
     assert f"extra     {releases}[{p}]@{offset}" in run.stdout
+    # one process or several, the same divergences in the same order
+    alone = settle("replay", "--topic", "branch-events", "--topic-prefix", prefix, "--bootstrap-servers",
+                   kafka_topics.bootstrap_servers, "--jobs", "1")
+    assert alone.returncode == 1 and alone.stdout.splitlines()[1:] == run.stdout.splitlines()[1:], alone.stdout
 
 
 def test_replay_from_an_export_equals_replay_from_the_topic(kafka_topics, processed: Path, tmp_path: Path) -> None:

@@ -1,0 +1,189 @@
+"""What makes the replays fast must not change what they find: a file decoded by a second process gives the
+same inputs; the topic replay's byte comparison accepts exactly the published sequences its record-by-record
+comparison accepts in order, and hands everything else to it."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from processors.kafka import topic_replay as tr
+from processors.replay import _single_threaded, read_events, read_events_aside, replay, replay_document
+from processors.workload import Generator
+from schemas.codec import default_codec
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def workload_file(tmp_path: Path) -> Path:
+    lines = [item if isinstance(item, str) else json.dumps(item, separators=(",", ":"))
+             for item in Generator(3).generate(6_000)]
+    lines[10:10] = ["not json", "[1, 2]", '{"type": "Nope"}', ""]  # dead letters, and a blank line
+    path = tmp_path / "workload.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+ASIDE_CHECK = """
+import json, sys
+from processors.replay import _single_threaded, read_events, read_events_aside, replay, replay_document
+from schemas.codec import default_codec
+codec = default_codec()
+forked = _single_threaded()  # a fresh process: read_events_aside forks its reader
+path = sys.argv[1]
+same_inputs = list(read_events_aside(path, codec, min_bytes=0)) == list(read_events(path, codec))
+docs = [json.dumps(replay_document(*replay(reader, codec=codec), codec))
+        for reader in (read_events(path, codec), read_events_aside(path, codec, min_bytes=0))]
+print(json.dumps({"forked": forked, "same_inputs": same_inputs, "same_document": docs[0] == docs[1],
+                  "dead_letters": len(json.loads(docs[0])["dead_letters"])}))
+"""
+
+
+def _check_aside(path: Path) -> dict:
+    done = subprocess.run([sys.executable, "-c", ASIDE_CHECK, str(path)], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_file_read_aside_gives_the_same_inputs_and_replay(workload_file: Path) -> None:
+    """In a fresh process (single-threaded, so the reader is forked): the same inputs, the same document."""
+    checked = _check_aside(workload_file)
+    assert checked.pop("dead_letters") > 3  # the workload's malformed lines and the three added
+    assert checked == {"forked": True, "same_inputs": True, "same_document": True}
+
+
+def test_an_avro_container_read_aside_gives_the_same_inputs(workload_file: Path, tmp_path: Path) -> None:
+    codec = default_codec()
+    events = [item.event for item in read_events(workload_file, codec) if item.event is not None]
+    container = tmp_path / "events.avro"
+    codec.write_container(container, events)
+    assert _check_aside(container) == {"forked": True, "same_inputs": True, "same_document": True,
+                                       "dead_letters": 0}
+
+
+def test_in_a_threaded_process_the_file_is_read_in_place(workload_file: Path) -> None:
+    import threading
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert not _single_threaded()
+        inputs = read_events_aside(workload_file, default_codec(), min_bytes=0)
+        next(inputs)
+        assert not multiprocessing.active_children()
+        inputs.close()
+    finally:
+        stop.set()
+        other.join()
+
+
+def test_a_replay_that_stops_early_leaves_no_reader_behind(workload_file: Path) -> None:
+    inputs = read_events_aside(workload_file, default_codec(), min_bytes=0)
+    next(inputs)
+    inputs.close()
+    assert not [p for p in multiprocessing.active_children() if p.is_alive()]
+
+
+def _published(kinds_and_records: list[tuple[str, dict]]) -> list[tuple[int, bytes]]:
+    codec = default_codec()
+    return [(offset, codec.encode(kind, record)) for offset, (kind, record) in enumerate(kinds_and_records)]
+
+
+@pytest.fixture(scope="module")
+def folded():
+    """The outputs of a generated workload (releases, settled parents, results, audit records)."""
+    codec = default_codec()
+    result, _ = replay(_generated_inputs(codec), codec=codec)
+    assert len(result.outputs.releases) >= 3 and len(result.outputs.settled) >= 2
+    return result
+
+
+def _generated_inputs(codec):
+    from processors.replay import decode_json_line
+    items = [item for item in Generator(5).generate(3_000) if not isinstance(item, str)]
+    return [decode_json_line(json.dumps(item).encode(), n, n + 1, codec) for n, item in enumerate(items)]
+
+
+def _routes(folded) -> list[tuple[str, list[dict]]]:
+    return [("CapacityReleased", list(folded.outputs.releases[:3])), ("ParentSettled", list(folded.outputs.settled[:2]))]
+
+
+def test_bytes_match_with_kinds_interleaved_as_checkpoints_cut_them(folded) -> None:
+    codec = default_codec()
+    releases, settled = _routes(folded)[0][1], _routes(folded)[1][1]
+    for order in ([("CapacityReleased", releases[0]), ("CapacityReleased", releases[1]), ("ParentSettled", settled[0]),
+                   ("CapacityReleased", releases[2]), ("ParentSettled", settled[1])],
+                  [*(("CapacityReleased", r) for r in releases), *(("ParentSettled", s) for s in settled)]):
+        assert tr._same_bytes(_routes(folded), _published(order), codec)
+
+
+@pytest.mark.parametrize("change", ["altered", "removed", "injected", "reordered", "unencodable"])
+def test_anything_else_goes_to_the_record_by_record_comparison(change: str, folded) -> None:
+    codec = default_codec()
+    routes = _routes(folded)
+    releases, settled = routes[0][1], routes[1][1]
+    order = [*(("CapacityReleased", r) for r in releases), *(("ParentSettled", s) for s in settled)]
+    if change == "altered":
+        order[1] = ("CapacityReleased", dict(releases[1], quantity=99))
+    elif change == "removed":
+        del order[1]
+    elif change == "injected":
+        order.insert(2, order[2])
+    elif change == "reordered":
+        order[0], order[1] = order[1], order[0]
+    else:
+        routes[0][1][0] = dict(releases[0], quantity="not a number")
+    assert not tr._same_bytes(routes, _published(order), codec)
+
+
+def test_byte_comparison_and_record_comparison_agree_on_a_partition(folded) -> None:
+    """_compare_partition counts the same comparisons whichever path it takes, and pinpoints a change."""
+    codec = default_codec()
+    result = folded
+    names = {t: f"x.{t}" for t in ("branch-events", *tr.OUTPUT_TOPICS)}
+    published = {"settlement-results": _published([("SettlementResult", r) for r in result.outputs.results]),
+                 "capacity-releases": _published([("CapacityReleased", r) for r in result.outputs.releases] +
+                                                 [("ParentSettled", r) for r in result.outputs.settled]),
+                 "settlement-audit": _published([("AuditRecord", r) for r in result.outputs.audits]),
+                 "branch-events-dlq": []}
+    clean = tr._Partition()
+    tr._compare_partition(0, result, published, codec, (0, 2**63 - 1), names, clean)
+    assert not any(clean.divergences.values())
+    expected = len(result.outputs.results) + len(result.outputs.releases) + len(result.outputs.settled) + \
+        len(result.outputs.audits)
+    assert clean.compared == expected
+    offset, value = published["settlement-results"][3]
+    kind, record = codec.decode(value)
+    published["settlement-results"][3] = (offset, codec.encode(kind, dict(record, result="overdrawn")))
+    tampered = tr._Partition()
+    tr._compare_partition(0, result, published, codec, (0, 2**63 - 1), names, tampered)
+    [divergence] = tampered.divergences["settlement-results"]
+    assert (divergence.topic, divergence.offset, divergence.problem) == ("x.settlement-results", 3, "different")
+    assert divergence.found == {"result": "overdrawn"}
+    assert tampered.compared == expected
+    ranged = tr._Partition()
+    tr._compare_partition(0, result, published, codec, (0, 1), names, ranged)
+    assert ranged.compared == sum(1 for records in (result.outputs.results, result.outputs.releases,
+                                                    result.outputs.settled, result.outputs.audits)
+                                  for r in records if r["input_offset"] <= 1)
+
+
+def test_an_output_read_ahead_stops_at_the_end_decided_after_the_fold() -> None:
+    out = tr._Output()
+    out.records = [(0, b"a"), (1, b"b"), (3, b"c"), (4, b"d")]
+    out.set_end(4)  # the fold is done; the last stable offset is now 4
+    assert out.records == [(0, b"a"), (1, b"b"), (3, b"c")] and out.done
+    out = tr._Output()
+    out.records, out.eof = [(0, b"a")], 2  # an end-of-partition seen at 2 while folding
+    out.set_end(5)
+    assert not out.done
+    out.set_end(2)
+    assert out.done
