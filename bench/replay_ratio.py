@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +34,34 @@ from processors.kafka.connection import DEFAULT_BOOTSTRAP_SERVERS  # noqa: E402
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class CpuSampler(threading.Thread):
+    """CPU seconds (user + system, every thread) of the running processors, every 20 ms: what the processor
+    spent between the release of the backlog and its last commit, a figure the machine's load moves less
+    than a rate."""
+
+    def __init__(self, procs: Procs) -> None:
+        super().__init__(daemon=True)
+        self.procs, self.samples, self.done = procs, [], threading.Event()
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def run(self) -> None:
+        while not self.done.wait(0.02):
+            total = 0.0
+            for child in list(self.procs.children):
+                try:
+                    fields = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                total += (int(fields[11]) + int(fields[12])) / self.tick
+            self.samples.append((time.monotonic(), total))
+
+    def between(self, start: float, end: float) -> float:
+        def at(t: float) -> float:
+            before = [cpu for ts, cpu in self.samples if ts <= t]
+            return before[-1] if before else 0.0
+        return at(end) - at(start)
 
 
 def main() -> int:
@@ -55,9 +84,16 @@ def main() -> int:
         topic_set = env.topic_set("ratio")
         records = backlog.realistic(args.seed, args.events, topic_set.partitions)
         log(f"run {env.run_id}: processor over {len(records):,} input records")
-        run, _ = throughput.run_processors(env, procs, topic_set, records, 1, work_dir, "ratio")
+        sampler = CpuSampler(procs)
+        sampler.start()
+        run, _ = throughput.run_processors(env, procs, topic_set, records, 1, work_dir, "ratio", keep_running=True)
+        sampler.done.set()
+        sampler.join()
+        procs.stop_all()
         processor = run.throughput.events_per_s
-        log(f"  processor {processor:,.0f} events/s")
+        end = run.progress[-1][0]  # the poller's sample that saw every offset committed
+        processor_cpu_us = sampler.between(end - run.throughput.seconds, end) * 1e6 / len(records)
+        log(f"  processor {processor:,.0f} events/s, {processor_cpu_us:.0f} us CPU per input record")
         if args.setup_only:
             keep = Path(args.setup_only)
             keep.mkdir(parents=True, exist_ok=True)
@@ -76,18 +112,20 @@ def main() -> int:
         for _ in range(args.repeat):
             files.append(recovery.run(["file", str(jsonl)]))
             log(f"  file replay {files[-1]['replay_events_per_s']:,} events/s "
-                f"(x {files[-1]['replay_events_per_s'] / processor:.2f})")
+                f"(x {files[-1]['replay_events_per_s'] / processor:.2f}), "
+                f"{files[-1]['replay_cpu_us_per_record']:.0f} us CPU per record")
             topics.append(recovery.run(["topic", "--bootstrap-servers", env.bootstrap_servers, "--names",
                                         json.dumps(topic_set.names), "--partitions", str(topic_set.partitions),
                                         "--state-dir", str(run.state_dir), "--group", run.group]))
             t = topics[-1]
             log(f"  topic replay {t['replay_events_per_s']:,} events/s (x {t['replay_events_per_s'] / processor:.2f}), "
-                f"agrees: {t['agrees']}, {t['compared']:,} outputs compared, live ledgers: {t['live_ledgers']}")
+                f"{t['replay_cpu_us_per_record']:.0f} us CPU per record, agrees: {t['agrees']}, {t['compared']:,} outputs compared, live ledgers: {t['live_ledgers']}")
             if not t["agrees"]:
                 raise RuntimeError(f"the audit replay diverges from a clean run: {t}")
         best_file = max(f["replay_events_per_s"] for f in files)
         best_topic = max(t["replay_events_per_s"] for t in topics)
         doc.update({"input_records": len(records), "processor_events_per_s": round(processor),
+                    "processor_cpu_us_per_record": round(processor_cpu_us, 1),
                     "file": files, "topic": topics,
                     "file_to_processor": round(best_file / processor, 2),
                     "topic_to_processor": round(best_topic / processor, 2),
@@ -99,6 +137,9 @@ def main() -> int:
         shutil.rmtree(work_dir, ignore_errors=True)
     print(f"processor {doc['processor_events_per_s']:,} events/s; file replay {best_file:,} events/s "
           f"(x {doc['file_to_processor']}); topic replay {best_topic:,} events/s (x {doc['topic_to_processor']}); "
+          f"CPU us per record: processor {doc['processor_cpu_us_per_record']:.0f}, file replay "
+          f"{min(f['replay_cpu_us_per_record'] for f in files):.0f}, topic replay "
+          f"{min(t['replay_cpu_us_per_record'] for t in topics):.0f}; "
           f"load {doc['load_avg_at_start'][0]:.1f} -> {doc['load_avg_at_end'][0]:.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")

@@ -38,13 +38,27 @@ def timed(fn):
     return value, time.perf_counter() - started
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process (every thread) and of its children waited for (the replays' workers)."""
+    import resource
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 def ceiling_around(ceiling, measured):
     """The ceiling timed before and after the measurement, the faster kept (a ceiling is a best case, and
     the first read of a topic may find the broker's page cache colder than the second)."""
     value, first_s = timed(ceiling)
+    cpu = cpu_seconds()
     result, measured_s = timed(measured)
+    global measured_cpu_s
+    measured_cpu_s = cpu_seconds() - cpu
     _, second_s = timed(ceiling)
     return value, min(first_s, second_s), result, measured_s
+
+
+measured_cpu_s = 0.0  # CPU seconds of the last measurement (ceiling_around), its workers included
 
 
 def raw_consume(config: dict, topic: str, partitions: int) -> int:
@@ -78,6 +92,7 @@ def file_replay(path: str) -> dict:
         lambda: replay(read_events_aside(path, codec), MemoryStore(), codec=codec))
     return {"records": lines, "events": result.events, "dead_letters": len(result.dead_letters),
             "replay_s": round(replay_s, 3), "replay_events_per_s": round(lines / replay_s),
+            "replay_cpu_us_per_record": round(measured_cpu_s * 1e6 / lines, 1),
             "ceiling_s": round(decode_s, 3), "ceiling_events_per_s": round(lines / decode_s)}
 
 
@@ -99,7 +114,7 @@ def topic_replay(bootstrap: str, names: dict[str, str], partitions: int, state_d
     events = consumed["branch-events"]
     return {"records": events, "output_records": sum(consumed.values()) - events, "agrees": report.agrees,
             "divergences": len(report.divergences), "compared": report.compared, "live_ledgers": bool(state_dir),
-            "replay_s": round(replay_s, 3),
+            "replay_s": round(replay_s, 3), "replay_cpu_us_per_record": round(measured_cpu_s * 1e6 / events, 1),
             "replay_events_per_s": round(events / replay_s), "ceiling_s": round(consume_s, 3),
             "ceiling_events_per_s": round(events / consume_s)}
 

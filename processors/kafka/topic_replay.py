@@ -276,11 +276,12 @@ def audit_replay(client_config: dict, names: dict[str, str], codec: Codec, *, pa
     started = time.monotonic()
     topic = names["branch-events"]
     partitions = partitions if partitions is not None else partitions_of(client_config, topic)
-    sizes = input_sizes(client_config, topic, partitions)
-    order = sorted(partitions, key=lambda p: (-sizes[p], p))
+    bounds = input_bounds(client_config, topic, partitions)
+    order = sorted(partitions, key=lambda p: (bounds[p][1] - bounds[p][0], p))  # the largest first
     report = Report(partitions=partitions)
-    progress = Progress(sum(sizes.values()), stream=progress_stream or sys.stderr)
-    job = _Job(client_config, names, order, offset_range, live_ledgers, keep_folded, store_factory)
+    progress = Progress(sum(high - low for high, low in bounds.values()), stream=progress_stream or sys.stderr)
+    ends = {p: high for p, (high, _) in bounds.items()}
+    job = _Job(client_config, names, order, ends, offset_range, live_ledgers, keep_folded, store_factory)
     by_partition = _run_jobs(job, _jobs(jobs, partitions, codec, store_factory), progress, codec)
     progress.finish()
     # divergences in the order a sequential replay reports them: topic by topic, then the ledgers
@@ -296,15 +297,16 @@ def audit_replay(client_config: dict, names: dict[str, str], codec: Codec, *, pa
     return report
 
 
-def input_sizes(client_config: dict, topic: str, partitions: list[int]) -> dict[int, int]:
-    """Records in each partition of the input (end - beginning, markers included): which to replay first."""
+def input_bounds(client_config: dict, topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
+    """(end, beginning) of each partition of the input when reading begins; the end is the last stable
+    offset (read_committed), where the replay of that partition stops."""
     consumer = Consumer({**client_config, "group.id": GROUP_ID, **READER_SETTINGS})
     try:
-        sizes = {}
+        bounds = {}
         for p in partitions:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            sizes[p] = max(high - low, 0)
-        return sizes
+            bounds[p] = (high, min(low, high))
+        return bounds
     except KafkaException as exc:
         raise KafkaFailure.wrap(f"offsets of {topic}", exc) from None
     finally:
@@ -339,6 +341,7 @@ class _Job:
     client_config: dict
     names: dict[str, str]
     order: list[int]  # the partitions, in the order they are taken
+    input_ends: dict[int, int]  # where each partition's input ends (when the replay began)
     offset_range: tuple[int, int]
     live: object  # dict[int, dict] | LiveProjections | None
     keep_folded: bool
@@ -510,7 +513,7 @@ def _replay_share(job: _Job, claim: Callable[[], int | None], progress, codec: C
         if p is None:
             return False
         part = active[p] = _Active(p, job, codec)
-        part.input_end = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+        part.input_end = job.input_ends[p]
         consumer.incremental_assign(([TopicPartition(topic, p, OFFSET_BEGINNING)] if part.input_end > 0 else []) +
                                     [TopicPartition(names[t], p, OFFSET_BEGINNING) for t in OUTPUT_TOPICS])
         if part.input_end == 0:
