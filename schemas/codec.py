@@ -20,6 +20,7 @@ bytes whatever the key order of their source.
 from __future__ import annotations
 
 import io
+import operator
 import os
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
@@ -76,13 +77,23 @@ class Codec:
         self._current = registry.current
         self._headers = {name: version.header for name, version in registry.current.items()}
         self._parsed = {name: version.parsed for name, version in registry.current.items()}
-        self._writers = {name: compile_writer(schema) for name, schema in self._parsed.items()}
+        self._encoders = {name: compile_encoder(v.parsed, v.header) for name, v in registry.current.items()}
         # fingerprint -> (short name, writer schema, reader schema or None when the writer is current)
         self._readers: dict[bytes, tuple[str, dict[str, Any], dict[str, Any] | None]] = {
             fp: (v.name, v.parsed, None if v.current else registry.current[v.name].parsed)
             for fp, v in registry.by_fingerprint.items()
         }
         events = [v for v in registry.current.values() if v.namespace == EVENTS_NAMESPACE]
+        # Generated readers of bytes written with a current schema (fingerprint -> ...); others go to fastavro.
+        self._fast_readers: dict[bytes, tuple[str, Callable[[bytes], dict[str, Any]]]] = {}
+        self._fast_event_readers: dict[bytes, Callable[[bytes], dict[str, Any]]] = {}
+        for v in registry.current.values():
+            decoder = compile_decoder(v.parsed)
+            if decoder is not None:
+                self._fast_readers[v.fingerprint] = (v.name, decoder)
+            event_decoder = compile_decoder(v.parsed, {"type": v.name}) if v.namespace == EVENTS_NAMESPACE else None
+            if event_decoder is not None:
+                self._fast_event_readers[v.fingerprint] = event_decoder
         self._event_shapes = {v.name: EventShape(v.name, v.parsed) for v in events}
         self._event_fullnames = {v.name: v.fullname for v in events}
         self._event_names_by_fullname = {v.fullname: v.name for v in events}
@@ -104,15 +115,30 @@ class Codec:
     def encode(self, name: str, record: dict[str, Any]) -> bytes:
         """Single-object encoding of `record` with the current schema of `name` (short name)."""
         try:
-            header = self._headers[name]
+            encoder = self._encoders[name]
         except KeyError:
             raise CodecError(f"unknown record name {name!r}") from None
-        out = bytearray(header)
         try:
-            self._writers[name](out, record)
+            return encoder(record)
         except _NotPlain:
-            return self._encode_with_fastavro(name, header, record)
-        return bytes(out)
+            return self._encode_with_fastavro(name, self._headers[name], record)
+
+    def encoder(self, name: str) -> Callable[[dict[str, Any]], bytes]:
+        """`encode` of one record name, looked up once: `codec.encoder("AuditRecord")(record)` gives the same
+        bytes (or CodecError) as `codec.encode("AuditRecord", record)`, for callers encoding record by record."""
+        try:
+            fast, header = self._encoders[name], self._headers[name]
+        except KeyError:
+            raise CodecError(f"unknown record name {name!r}") from None
+        slow = self._encode_with_fastavro
+
+        def encode(record: dict[str, Any]) -> bytes:
+            try:
+                return fast(record)
+            except _NotPlain:
+                return slow(name, header, record)
+
+        return encode
 
     def _encode_with_fastavro(self, name: str, header: bytes, record: dict[str, Any]) -> bytes:
         """fastavro's encoding: what it accepts beyond plain values (a float for a long, a missing field with
@@ -127,6 +153,16 @@ class Codec:
 
     def decode(self, data: bytes) -> tuple[str, dict[str, Any]]:
         """(short name, record in the current reader schema) of single-object encoded `data`."""
+        if type(data) is bytes and data[:2] == SINGLE_OBJECT_MARKER:
+            fast = self._fast_readers.get(data[2:HEADER_SIZE])
+            if fast is not None:
+                try:
+                    return fast[0], fast[1](data)
+                except Exception:  # anything unusual: decoded again below, to fastavro's record or error
+                    pass
+        return self._decode_with_fastavro(data)
+
+    def _decode_with_fastavro(self, data: bytes) -> tuple[str, dict[str, Any]]:
         if len(data) < HEADER_SIZE:
             raise CodecError(f"truncated single-object header: {len(data)} bytes, need {HEADER_SIZE}")
         if data[:2] != SINGLE_OBJECT_MARKER:
@@ -154,7 +190,14 @@ class Codec:
 
     def decode_event(self, data: bytes) -> dict[str, Any]:
         """The canonical event dict of single-object encoded `data`; CodecError if it is not an event."""
-        name, record = self.decode(data)
+        if type(data) is bytes and data[:2] == SINGLE_OBJECT_MARKER:
+            fast = self._fast_event_readers.get(data[2:HEADER_SIZE])
+            if fast is not None:
+                try:
+                    return fast(data)
+                except Exception:  # anything unusual: decoded again below, to fastavro's record or error
+                    pass
+        name, record = self._decode_with_fastavro(data)
         if name not in self._event_shapes:
             raise CodecError(f"{name} is not an event")
         return {"type": name, **record}
@@ -273,185 +316,337 @@ def in_schema_order(value: Any, schema: Any, named: dict[str, Any] | None = None
     return value
 
 
-# -- Avro binary writers ----------------------------------------------------------------------------------------
+# -- Avro binary writers and readers, generated from the schemas ----------------------------------------------
 #
-# fastavro's schemaless_writer interprets the schema again for every value it writes, about half a microsecond a
-# field; the fold writes a result, one or two audit records and one or two ledger records per event, which made
-# encoding a large part of its time. Each current schema is compiled once into a tree of small writer functions
-# (as schemas/event_json.py does for the JSON form) that take only plain values: exactly str, int, bool, bytes,
-# None, dict, list, and every record field present. On anything else a writer raises _NotPlain, `Codec.encode`
-# drops what was written so far and hands the record to fastavro, whose encoding or error it returns; so a
-# record is encoded exactly as fastavro encodes it, whatever it holds. The bytes are the Avro binary encoding:
-# zig-zag varints, length-prefixed UTF-8, a union's branch index, a map or an array as one block of all its
-# items then an empty block (tests/test_fold_perf_equivalence.py compares them with fastavro's for every schema).
-
-Writer = Callable[[bytearray, Any], None]
+# fastavro interprets the schema again for every value it writes or reads (and `schemaless_reader` re-checks the
+# schema on every call): about half a microsecond a field, ten or more microseconds a record. The fold decodes one
+# event and encodes a result, an audit record or two and a few ledger records per event, so each current schema is
+# compiled once into the Python source of one function that writes (or reads) a whole record with its fields
+# unrolled: no call per field, no dispatch on the schema, nested records, maps and arrays inlined.
+#
+# A generated writer takes only plain values: exactly str, int, bool, bytes, None, dict, list, and every record
+# field present. On anything else (or any exception at all) it raises _NotPlain and `Codec.encode` hands the record
+# to fastavro, whose encoding or error it returns; so a record is encoded exactly as fastavro encodes it, whatever
+# it holds. The bytes are the Avro binary encoding: zig-zag varints, length-prefixed UTF-8, a union's branch index,
+# a map or an array as one block of all its items then an empty block (tests/test_fold_perf_equivalence.py compares
+# them with fastavro's for every schema).
+#
+# A generated reader decodes only bytes written by the *current* schema of a record (a history version is resolved
+# by fastavro) and only the canonical encodings a reader can take at their word: positive block counts, union
+# branch indexes 0 and 1, lengths that fit, varints below 2**64, strict UTF-8, no trailing bytes. On anything else
+# it raises (_NotPlain, IndexError, UnicodeDecodeError ...) and `Codec.decode` decodes the record again the plain
+# way, so a record decodes to exactly what fastavro returns, or fails with exactly the same CodecError.
 
 _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
+_NULL = "null"
 
 
 class _NotPlain(Exception):
-    """A value the compiled writers leave to fastavro."""
+    """A value the generated writers leave to fastavro, or bytes the generated readers leave to it."""
 
 
-def compile_writer(schema: Any) -> Writer:
-    """The writer of a parsed schema."""
-    return _writer(schema, schema.get("__named_schemas", {}) if isinstance(schema, dict) else {})
+class _Unsupported(Exception):
+    """A schema the generator does not compile (a recursive type, a union of several types, an enum ...)."""
 
 
-def _writer(schema: Any, named: dict[str, Any]) -> Writer:
-    if isinstance(schema, str):
-        if schema in _PRIMITIVE_WRITERS:
-            return _PRIMITIVE_WRITERS[schema]
-        return _LazyWriter(schema, named)
-    if isinstance(schema, list):
-        return _union_writer(schema, named)
-    kind = schema["type"]
-    if kind == "record":
-        return _record_writer(schema, named)
-    if kind == "map":
-        return _map_writer(_writer(schema["values"], named))
-    if kind == "array":
-        return _array_writer(_writer(schema["items"], named))
-    if kind in _PRIMITIVE_WRITERS:
-        return _PRIMITIVE_WRITERS[kind]
-    return _leave_to_fastavro  # enum, fixed, float, double: no schema of ours has them
+# Encoded strings and longs, cached: ids, states, result codes, event types, notes, dimension names, ledger times
+# and offsets recur across the records of a checkpoint (an event's result, audit records, releases and ledger
+# records share most of them). Cleared when full, so memory stays bounded.
+_STRING_CACHE_MAX = 16384
+_LONG_CACHE_MAX = 4096
+_string_cache: dict[str, bytes] = {}
+_long_cache: dict[int, bytes] = {}
 
 
-class _LazyWriter:
-    """A reference to a named type, compiled on first use (a recursive type refers to itself)."""
-
-    __slots__ = ("_name", "_named", "_write")
-
-    def __init__(self, name: str, named: dict[str, Any]) -> None:
-        self._name, self._named, self._write = name, named, None
-
-    def __call__(self, out: bytearray, value: Any) -> None:
-        if self._write is None:
-            self._write = _writer(self._named[self._name], self._named)
-        self._write(out, value)
-
-
-def _leave_to_fastavro(out: bytearray, value: Any) -> None:
-    raise _NotPlain
-
-
-def _write_long(out: bytearray, value: Any) -> None:
-    if type(value) is not int:
-        raise _NotPlain
-    if 0 <= value < 64:  # one byte: most counts, generations, partitions, lengths
-        out.append(value << 1)
-        return
+def _varint(value: int) -> bytes:
+    """Zig-zag varint of a long; _NotPlain outside the long range (fastavro then decides)."""
     if not _LONG_MIN <= value <= _LONG_MAX:
         raise _NotPlain
-    value = (value << 1) ^ (value >> 63)  # zig-zag: small magnitudes of either sign take few bytes
+    value = (value << 1) ^ (value >> 63)
+    out = bytearray()
     while value > 0x7F:
         out.append(value & 0x7F | 0x80)
         value >>= 7
     out.append(value)
+    return bytes(out)
 
 
-def _write_bytes(out: bytearray, value: Any) -> None:
-    if type(value) is not bytes:
-        raise _NotPlain
-    _write_long(out, len(value))
-    out += value
+def _long_bytes(value: int) -> bytes:
+    """`_varint` of an exact int, cached."""
+    data = _varint(value)
+    if len(_long_cache) >= _LONG_CACHE_MAX:
+        _long_cache.clear()
+    _long_cache[value] = data
+    return data
 
 
-def _write_string(out: bytearray, value: Any) -> None:
-    if type(value) is not str:
-        raise _NotPlain
-    try:
-        data = value.encode()
-    except UnicodeEncodeError:  # a lone surrogate: fastavro raises the error
-        raise _NotPlain from None
+def _string_bytes(value: str) -> bytes:
+    """Length-prefixed UTF-8 of an exact str, cached (a lone surrogate raises UnicodeEncodeError)."""
+    data = value.encode()
     size = len(data)
-    if size < 64:  # the length is one byte (as in _write_long, written here to save a call per string)
-        out.append(size << 1)
-    else:
-        _write_long(out, size)
-    out += data
+    data = (bytes((size << 1,)) if size < 64 else _varint(size)) + data
+    if len(_string_cache) >= _STRING_CACHE_MAX:
+        _string_cache.clear()
+    _string_cache[value] = data
+    return data
 
 
-def _write_boolean(out: bytearray, value: Any) -> None:
-    if type(value) is not bool:
+def _read_varint(data: bytes, pos: int, first: int) -> tuple[int, int]:
+    """(value, position after it) of a varint of several bytes whose first byte was `first`."""
+    n = first & 0x7F
+    shift = 7
+    while True:
+        b = data[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            break
+    if n >> 64:  # fastavro accumulates in 64 bits: leave such input to it
         raise _NotPlain
-    out.append(value)
+    return (n >> 1) ^ -(n & 1), pos
 
 
-def _write_null(out: bytearray, value: Any) -> None:
-    if value is not None:
+def _read_length(data: bytes, pos: int, first: int) -> tuple[int, int]:
+    n, pos = (first >> 1 ^ -(first & 1), pos) if first < 0x80 else _read_varint(data, pos, first)
+    if n < 0:
         raise _NotPlain
+    return n, pos
 
 
-_PRIMITIVE_WRITERS: dict[str, Writer] = {
-    "long": _write_long,
-    # fastavro writes an int as a long: the same varint, with no 32-bit range check outside a union
-    "int": _write_long,
-    "string": _write_string,
-    "bytes": _write_bytes,
-    "boolean": _write_boolean,
-    "null": _write_null,
+_GENERATED_GLOBALS = {
+    "_NotPlain": _NotPlain,
+    "_varint": _varint,
+    "_long_bytes": _long_bytes,
+    "_lc_get": _long_cache.get,
+    "_string_bytes": _string_bytes,
+    "_sc_get": _string_cache.get,
+    "_read_varint": _read_varint,
+    "_read_length": _read_length,
 }
 
 
-def _union_writer(branches: list[Any], named: dict[str, Any]) -> Writer:
-    other = [branch for branch in branches if branch != "null"]
-    if len(branches) != 2 or len(other) != 1 or other[0] == "int":
-        return _leave_to_fastavro  # fastavro picks among several branches (or range-checks an int) by validating
-    write_value = _writer(other[0], named)
-    null_index, value_index = (b"\x00", b"\x02") if branches[0] == "null" else (b"\x02", b"\x00")
+class _Gen:
+    """Lines of generated source, with fresh local names."""
 
-    def write_optional(out: bytearray, value: Any) -> None:
-        if value is None:
-            out += null_index
-            return
-        out += value_index
-        write_value(out, value)
+    def __init__(self, named: dict[str, Any]) -> None:
+        self.named = named
+        self.lines: list[str] = []
+        self.constants: dict[str, Any] = {}
+        self._count = 0
 
-    return write_optional
+    def constant(self, value: Any) -> str:
+        """The name under which the generated function sees `value`."""
+        name = self.fresh("_k")
+        self.constants[name] = value
+        return name
 
+    def fresh(self, prefix: str) -> str:
+        self._count += 1
+        return f"{prefix}{self._count}"
 
-def _map_writer(write_value: Writer) -> Writer:
-    def write_map(out: bytearray, value: Any) -> None:
-        if type(value) is not dict:
-            raise _NotPlain
-        if value:
-            _write_long(out, len(value))
-            for key, item in value.items():
-                _write_string(out, key)
-                write_value(out, item)
-        out.append(0)
+    def emit(self, depth: int, text: str) -> None:
+        self.lines.append("    " * depth + text)
 
-    return write_map
-
-
-def _array_writer(write_item: Writer) -> Writer:
-    def write_array(out: bytearray, value: Any) -> None:
-        if type(value) is not list:
-            raise _NotPlain
-        if value:
-            _write_long(out, len(value))
-            for item in value:
-                write_item(out, item)
-        out.append(0)
-
-    return write_array
+    def resolve(self, schema: Any, stack: tuple[str, ...]) -> tuple[Any, tuple[str, ...]]:
+        """A named reference replaced by its definition (inlined: a recursive type is not compiled)."""
+        while isinstance(schema, str) and schema not in _PRIMITIVE_KINDS:
+            if schema in stack or schema not in self.named:
+                raise _Unsupported(schema)
+            stack = stack + (schema,)
+            schema = self.named[schema]
+        if isinstance(schema, dict) and schema.get("type") in _PRIMITIVE_KINDS:
+            if "logicalType" in schema:
+                raise _Unsupported(schema["logicalType"])
+            schema = schema["type"]
+        return schema, stack
 
 
-def _record_writer(schema: dict[str, Any], named: dict[str, Any]) -> Writer:
-    fields = tuple((field["name"], _writer(field["type"], named)) for field in schema["fields"])
+_PRIMITIVE_KINDS = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 
-    def write_record(out: bytearray, value: Any) -> None:
-        if type(value) is not dict:
-            raise _NotPlain
-        try:
-            for name, write in fields:
-                write(out, value[name])
-        except KeyError:  # a missing field: fastavro writes its default or raises
-            raise _NotPlain from None
 
-    return write_record
+def _emit_write(g: _Gen, schema: Any, var: str, depth: int, stack: tuple[str, ...]) -> None:
+    schema, stack = g.resolve(schema, stack)
+    e = g.emit
+    if isinstance(schema, list):
+        other = [branch for branch in schema if branch != _NULL]
+        if len(schema) != 2 or len(other) != 1 or g.resolve(other[0], stack)[0] == "int":
+            # fastavro picks among several branches (or range-checks an int) by validating
+            raise _Unsupported("union")
+        null_byte, value_byte = (0, 2) if schema[0] == _NULL else (2, 0)
+        e(depth, f"if {var} is None:")
+        e(depth + 1, f"out.append({null_byte})")
+        e(depth, "else:")
+        e(depth + 1, f"out.append({value_byte})")
+        _emit_write(g, other[0], var, depth + 1, stack)
+        return
+    kind = schema if isinstance(schema, str) else schema["type"]
+    if kind in ("long", "int"):  # fastavro writes an int as a long: no 32-bit range check outside a union
+        e(depth, f"if type({var}) is not int: raise _NotPlain")
+        e(depth, f"out += _lc_get({var}) or _long_bytes({var})")  # never empty: a cached encoding is truthy
+    elif kind == "string":
+        e(depth, f"if type({var}) is not str: raise _NotPlain")
+        e(depth, f"out += _sc_get({var}) or _string_bytes({var})")
+    elif kind == "bytes":
+        e(depth, f"if type({var}) is not bytes: raise _NotPlain")
+        e(depth, f"n = len({var})")
+        e(depth, "if n < 64: out.append(n << 1)")
+        e(depth, "else: out += _varint(n)")
+        e(depth, f"out += {var}")
+    elif kind == "boolean":
+        e(depth, f"if type({var}) is not bool: raise _NotPlain")
+        e(depth, f"out.append({var})")
+    elif kind == "null":
+        e(depth, f"if {var} is not None: raise _NotPlain")
+    elif kind == "record":
+        e(depth, f"if type({var}) is not dict: raise _NotPlain")
+        fields = schema["fields"]
+        items = [g.fresh("f") for _ in fields]
+        getter = g.constant(operator.itemgetter(*[field["name"] for field in fields])) if fields else None
+        if len(fields) > 1:  # every field in one call; a missing field: KeyError, fastavro decides
+            e(depth, f"{', '.join(items)} = {getter}({var})")
+        elif fields:
+            e(depth, f"{items[0]} = {getter}({var})")
+        for field, item in zip(fields, items):
+            _emit_write(g, field["type"], item, depth, stack)
+    elif kind in ("map", "array"):
+        e(depth, f"if type({var}) is not {'dict' if kind == 'map' else 'list'}: raise _NotPlain")
+        e(depth, f"if {var}:")
+        e(depth + 1, f"n = len({var})")
+        e(depth + 1, "if n < 64: out.append(n << 1)")
+        e(depth + 1, "else: out += _varint(n)")
+        item = g.fresh("x")
+        if kind == "map":
+            key = g.fresh("k")
+            e(depth + 1, f"for {key}, {item} in {var}.items():")
+            _emit_write(g, "string", key, depth + 2, stack)
+            _emit_write(g, schema["values"], item, depth + 2, stack)
+        else:
+            e(depth + 1, f"for {item} in {var}:")
+            _emit_write(g, schema["items"], item, depth + 2, stack)
+        e(depth, "out.append(0)")
+    else:
+        raise _Unsupported(kind)  # enum, fixed, float, double: no schema of ours has them
+
+
+def _emit_read(g: _Gen, schema: Any, var: str, depth: int, stack: tuple[str, ...]) -> None:
+    schema, stack = g.resolve(schema, stack)
+    e = g.emit
+    if isinstance(schema, list):
+        if len(schema) > 64:
+            raise _Unsupported("union")
+        e(depth, "b = data[pos]")
+        e(depth, "pos += 1")
+        for index, branch in enumerate(schema):
+            e(depth, f"{'if' if index == 0 else 'elif'} b == {index << 1}:")
+            _emit_read(g, branch, var, depth + 1, stack)
+        e(depth, "else: raise _NotPlain")
+        return
+    kind = schema if isinstance(schema, str) else schema["type"]
+    if kind in ("long", "int"):
+        e(depth, "b = data[pos]")
+        e(depth, "pos += 1")
+        e(depth, f"if b < 128: {var} = b >> 1 ^ -(b & 1)")
+        e(depth, f"else: {var}, pos = _read_varint(data, pos, b)")
+    elif kind in ("string", "bytes"):
+        e(depth, "b = data[pos]")
+        e(depth, "pos += 1")
+        e(depth, "if not b & 0x81: n = b >> 1")
+        e(depth, "else: n, pos = _read_length(data, pos, b)")
+        # Past the end the slice is short, but pos goes on: the next read or the final check (pos == end) fails.
+        e(depth, "b = pos + n")
+        e(depth, f"{var} = data[pos:b]{'.decode()' if kind == 'string' else ''}")
+        e(depth, "pos = b")
+    elif kind == "boolean":
+        e(depth, f"{var} = data[pos] != 0")
+        e(depth, "pos += 1")
+    elif kind == "null":
+        e(depth, f"{var} = None")
+    elif kind == "record":
+        items = []
+        for field in schema["fields"]:
+            item = g.fresh("f")
+            _emit_read(g, field["type"], item, depth, stack)
+            items.append(f"{field['name']!r}: {item}")
+        e(depth, f"{var} = {{{', '.join(items)}}}")
+    elif kind in ("map", "array"):
+        count, item = g.fresh("c"), g.fresh("x")
+        e(depth, f"{var} = {{}}" if kind == "map" else f"{var} = []")
+        e(depth, "b = data[pos]")
+        e(depth, "pos += 1")
+        e(depth, "if not b & 0x81: " + f"{count} = b >> 1")
+        e(depth, f"else: {count}, pos = _read_length(data, pos, b)")  # a negative count (sized block): fastavro
+        e(depth, f"while {count}:")
+        e(depth + 1, f"for _ in range({count}):")
+        if kind == "map":
+            key = g.fresh("k")
+            _emit_read(g, "string", key, depth + 2, stack)
+            _emit_read(g, schema["values"], item, depth + 2, stack)
+            e(depth + 2, f"{var}[{key}] = {item}")
+        else:
+            _emit_read(g, schema["items"], item, depth + 2, stack)
+            e(depth + 2, f"{var}.append({item})")
+        e(depth + 1, "b = data[pos]")
+        e(depth + 1, "pos += 1")
+        e(depth + 1, "if not b & 0x81: " + f"{count} = b >> 1")
+        e(depth + 1, f"else: {count}, pos = _read_length(data, pos, b)")
+    else:
+        raise _Unsupported(kind)
+
+
+def _compile(source: str, function: str, constants: dict[str, Any]) -> Callable[..., Any]:
+    namespace = dict(_GENERATED_GLOBALS, **constants)
+    exec(compile(source, f"<generated {function}>", "exec"), namespace)
+    return namespace[function]
+
+
+def _named_of(schema: Any) -> dict[str, Any]:
+    return schema.get("__named_schemas", {}) if isinstance(schema, dict) else {}
+
+
+def compile_encoder(schema: Any, header: bytes) -> Callable[[Any], bytes]:
+    """`header` + the Avro binary encoding of a record of parsed `schema`: a generated function that raises
+    _NotPlain for anything it leaves to fastavro (every record, if the schema is not one it compiles)."""
+    g = _Gen(_named_of(schema))
+    g.emit(0, "def encode(value):")
+    g.emit(1, "out = bytearray(HEADER)")
+    g.emit(1, "try:")
+    try:
+        _emit_write(g, schema, "value", 2, ())
+    except _Unsupported:
+        return _leave_to_fastavro
+    g.emit(1, "except Exception:")  # a missing field, an unhashable key, a lone surrogate ...: fastavro decides
+    g.emit(2, "raise _NotPlain from None")
+    g.emit(1, "return bytes(out)")
+    return _compile("\n".join(g.lines) + "\n", "encode", {"HEADER": header, **g.constants})
+
+
+def compile_decoder(schema: Any, head: dict[str, Any] | None = None) -> Callable[[bytes], dict[str, Any]] | None:
+    """The record of single-object encoded bytes written with parsed `schema` (the header is not checked), with
+    the items of `head` first; None if the schema is not one it compiles. Raises on anything left to fastavro."""
+    schema_named = _named_of(schema)
+    g = _Gen(schema_named)
+    g.emit(0, "def decode(data):")
+    g.emit(1, f"pos = {HEADER_SIZE}")
+    g.emit(1, "end = len(data)")
+    try:
+        resolved, stack = g.resolve(schema, ())
+        if not isinstance(resolved, dict) or resolved["type"] != "record":
+            return None
+        items = [f"{key!r}: {value!r}" for key, value in (head or {}).items()]
+        for field in resolved["fields"]:
+            item = g.fresh("f")
+            _emit_read(g, field["type"], item, 1, stack)
+            items.append(f"{field['name']!r}: {item}")
+    except _Unsupported:
+        return None
+    g.emit(1, "if pos != end: raise _NotPlain")
+    g.emit(1, f"return {{{', '.join(items)}}}")
+    return _compile("\n".join(g.lines) + "\n", "decode", g.constants)
+
+
+def _leave_to_fastavro(value: Any) -> bytes:
+    raise _NotPlain
 
 
 def _open(target: _Source, mode: str) -> Any:

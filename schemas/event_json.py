@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -240,3 +241,143 @@ def _record_checker(schema: dict[str, Any], named: dict[str, Any], head: dict[st
         return out
 
     return check_record
+
+
+# -- the sorted-keys JSON text of an event's fields ------------------------------------------------------------
+#
+# The fold digests each event's payload as `json.dumps(payload, sort_keys=True, separators=(",", ":"),
+# ensure_ascii=False)` (processors/fold.py). The C encoder behind json.dumps sorts every dict's items and looks at
+# every value's type, in the order it finds them; for an event of a known type the keys and their order are known
+# in advance. `compile_sorted_json` generates, from an event schema, a function that writes that exact text with
+# one f-string per record: keys in sorted order, strings between quotes, ints as `int.__repr__`, true/false/null.
+# It only takes what it is sure of: a dict holding exactly the schema's fields (and "type"), each of exactly its
+# schema type, map keys of type str, and strings that JSON leaves as they are (no quote, no backslash, no control
+# character: checked once on the whole text, by counting its quotes and with str.isprintable). For anything else
+# it returns None and the caller uses json.dumps, so the text is always json.dumps's.
+
+
+class _NotSure(Exception):
+    pass
+
+
+class _JsonGen:
+    def __init__(self, named: dict[str, Any]) -> None:
+        self.named = named
+        self.lines: list[str] = []
+        self._count = 0
+
+    def fresh(self, prefix: str) -> str:
+        self._count += 1
+        return f"{prefix}{self._count}"
+
+    def emit(self, depth: int, text: str) -> None:
+        self.lines.append("    " * depth + text)
+
+
+def _fstring_text(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def _emit_json(g: _JsonGen, schema: Any, var: str, depth: int) -> tuple[str, int]:
+    """Emit the checks of `var` against `schema`; return (f-string fragment writing it, quotes in that fragment
+    that do not depend on the value; quotes that do are added to `q` by the emitted code)."""
+    while isinstance(schema, str) and schema in g.named:
+        schema = g.named[schema]
+    if isinstance(schema, dict) and schema.get("type") in _LEAVES and "logicalType" not in schema:
+        schema = schema["type"]
+    e = g.emit
+    if isinstance(schema, list):
+        other = [branch for branch in schema if branch != "null"]
+        if len(schema) != 2 or len(other) != 1:
+            raise _NotSure
+        text = g.fresh("s")
+        e(depth, f"if {var} is None: {text} = 'null'")
+        e(depth, "else:")
+        fragment, quotes = _emit_json(g, other[0], var, depth + 1)
+        e(depth + 1, f"{text} = f'{fragment}'")
+        if quotes:
+            e(depth + 1, f"q += {quotes}")
+        return f"{{{text}}}", 0
+    kind = schema if isinstance(schema, str) else schema["type"]
+    if kind == "string":
+        e(depth, f"if type({var}) is not str: raise _NotSure")
+        return f'"{{{var}}}"', 2
+    if kind in ("long", "int"):
+        e(depth, f"if type({var}) is not int: raise _NotSure")
+        return f"{{{var}}}", 0
+    if kind == "boolean":
+        text = g.fresh("s")
+        e(depth, f"if type({var}) is not bool: raise _NotSure")
+        e(depth, f"{text} = 'true' if {var} else 'false'")
+        return f"{{{text}}}", 0
+    if kind == "null":
+        e(depth, f"if {var} is not None: raise _NotSure")
+        return "null", 0
+    if kind == "record":
+        fields = sorted(schema["fields"], key=lambda field: field["name"])
+        e(depth, f"if type({var}) is not dict or len({var}) != {len(fields)}: raise _NotSure")
+        parts, quotes = [], 0
+        for field in fields:
+            item = g.fresh("v")
+            e(depth, f"{item} = {var}[{field['name']!r}]")
+            fragment, field_quotes = _emit_json(g, field["type"], item, depth)
+            parts.append(_fstring_text(f'"{field["name"]}":') + fragment)
+            quotes += 2 + field_quotes
+        return "{{" + ",".join(parts) + "}}", quotes
+    if kind == "map":
+        text, key, item = g.fresh("s"), g.fresh("k"), g.fresh("x")
+        e(depth, f"if type({var}) is not dict: raise _NotSure")
+        e(depth, f"{text} = []")
+        e(depth, f"for {key} in sorted({var}):")  # keys of several types: TypeError, json.dumps decides
+        e(depth + 1, f"if type({key}) is not str: raise _NotSure")
+        e(depth + 1, f"{item} = {var}[{key}]")
+        fragment, quotes = _emit_json(g, schema["values"], item, depth + 1)
+        e(depth + 1, f"{text}.append(f'\"{{{key}}}\":{fragment}')")
+        e(depth, f"q += {quotes + 2} * len({var})")
+        return f"{{{{{{_join({text})}}}}}}", 0
+    if kind == "array":
+        text, item = g.fresh("s"), g.fresh("x")
+        e(depth, f"if type({var}) is not list: raise _NotSure")
+        e(depth, f"{text} = []")
+        e(depth, f"for {item} in {var}:")
+        fragment, quotes = _emit_json(g, schema["items"], item, depth + 1)
+        e(depth + 1, f"{text}.append(f'{fragment}')")
+        e(depth, f"q += {quotes} * len({var})")
+        return f"[{{_join({text})}}]", 0
+    raise _NotSure
+
+
+def compile_sorted_json(name: str, parsed_schema: dict[str, Any], leave_out: tuple[str, ...] = ()
+                        ) -> Callable[[dict[str, Any]], str | None]:
+    """The function giving the text of json.dumps(event without `leave_out`, sort_keys=True, separators=(",", ":"),
+    ensure_ascii=False) for an event dict of type `name` (parsed_schema: its event schema), or None when it is not
+    sure (see above)."""
+    g = _JsonGen(parsed_schema.get("__named_schemas", {}))
+    fields = {field["name"]: field["type"] for field in parsed_schema["fields"]}
+    fields[TYPE_FIELD] = {"type": "string"}
+    kept = sorted(key for key in fields if key not in leave_out)
+    g.emit(0, "def sorted_json(event):")
+    g.emit(1, "try:")
+    g.emit(2, f"if type(event) is not dict or len(event) != {len(fields)}: return None")
+    for key in fields:
+        if key in leave_out:
+            g.emit(2, f"if {key!r} not in event: return None")
+    names = [g.fresh("v") for _ in kept]
+    g.emit(2, f"{', '.join(names)}{',' if len(names) == 1 else ''} = _get(event)")
+    g.emit(2, "q = 0")
+    parts, quotes = [], 0
+    try:
+        for key, item in zip(kept, names):
+            fragment, key_quotes = _emit_json(g, fields[key], item, 2)
+            parts.append(_fstring_text(f'"{key}":') + fragment)
+            quotes += 2 + key_quotes
+    except _NotSure:
+        return lambda event: None
+    g.emit(2, "text = f'{{" + ",".join(parts) + "}}'")
+    g.emit(1, "except Exception:")  # a missing field, keys json.dumps would sort otherwise ...: json.dumps decides
+    g.emit(2, "return None")
+    g.emit(1, f"if text.count('\"') != q + {quotes} or '\\\\' in text or not text.isprintable(): return None")
+    g.emit(1, "return text")
+    namespace = {"_NotSure": _NotSure, "_get": operator.itemgetter(*kept), "_join": ",".join}
+    exec(compile("\n".join(g.lines) + "\n", f"<sorted json of {name}>", "exec"), namespace)
+    return namespace["sorted_json"]
