@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
@@ -43,6 +43,7 @@ class CheckpointResult:
     committed: bool
     events: int = 0
     records: int = 0
+    released: dict = field(default_factory=dict)  # (dimension, destination) -> quantity committed
 
 
 @dataclass
@@ -146,14 +147,16 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
         return CheckpointResult(committed=False)
     faults.crash_point("after_commit")
     events = sum(task.results for task in tasks)
+    released: dict[tuple[str, str], int] = {}
     for task in tasks:
         task_changes = changes[task.partition]
         if task_changes and task.partition not in changelog_offsets:
             raise KafkaFailure(f"partition {task.partition}: changelog committed without delivery reports")
-        task.forget_committed()
+        for key, quantity in task.forget_committed().items():
+            released[key] = released.get(key, 0) + quantity
     for task in tasks:
         task.write_committed(changes[task.partition], changelog_offsets.get(task.partition))
-    return CheckpointResult(committed=True, events=events, records=len(records))
+    return CheckpointResult(committed=True, events=events, records=len(records), released=released)
 
 
 def _produce(producer: Producer, record: _Record, on_delivery) -> None:

@@ -47,6 +47,7 @@ class PartitionTask:
         self.records: list[tuple[str, bytes | None, bytes]] = []
         self.results = 0  # events folded since the last checkpoint
         self.dead_letters = 0
+        self.released: dict[tuple[str, str], int] = {}  # (dimension, destination) -> quantity, uncommitted
         # Next input offset to commit once the buffered work is committed; None: nothing folded since.
         self.position: int | None = None
         # Next input offset the group has committed: where to rewind after an abort.
@@ -61,7 +62,7 @@ class PartitionTask:
     def has_work(self) -> bool:
         return self.position is not None or bool(self.records)
 
-    def apply(self, event: dict, offset: int, on_release=None) -> dict:
+    def apply(self, event: dict, offset: int) -> dict:
         """Fold one event and encode its outputs at once, in input order: the checkpoint then only produces
         (shorter transactions), and each output partition carries its records in input order. An encoding
         failure raises like a failure of the fold: a bug, never bad input."""
@@ -72,9 +73,9 @@ class PartitionTask:
         for attr, topic, record_name in OUTPUT_ROUTES:
             for record in getattr(out, attr):
                 records.append((topic, record["parent_id"].encode(), encode(record_name, record)))
-        if on_release is not None:
-            for release in out.releases:
-                on_release(release)
+        for release in out.releases:
+            key = (release["dimension"], release["destination"])
+            self.released[key] = self.released.get(key, 0) + release["quantity"]
         out.clear()
         self.results += 1
         return result
@@ -92,15 +93,18 @@ class PartitionTask:
         self.out.clear()
         self.records.clear()
         self.results = self.dead_letters = 0
+        self.released = {}
         self.position = None
 
-    def forget_committed(self) -> None:
+    def forget_committed(self) -> dict[tuple[str, str], int]:
         """The transaction committed: the buffers are durable in Kafka, so nothing here may be committed
-        again, whatever happens next."""
+        again, whatever happens next. Returns the quantities it released, by dimension and destination."""
         self.view.mark_committed()
         if self.position is not None:
             self.committed_position = self.position
+        released = self.released
         self._clear()
+        return released
 
     def write_committed(self, changes: list, changelog_offset: int | None) -> None:
         """Then the projection batch, with the changelog offset it brings the store up to."""

@@ -279,16 +279,13 @@ class Processor:
             self.metrics.dead_letters.inc()
         else:
             try:
-                result = task.apply(event, message.offset(), self._count_release)
+                result = task.apply(event, message.offset())
             except Exception as failure:  # an InvariantViolation, or any other bug in the fold
                 self._stop_partition(task, failure)
                 return
             self.metrics.events.labels(result["result"]).inc()
         task.position = message.offset() + 1
         self.events_since_checkpoint += 1
-
-    def _count_release(self, release: dict) -> None:
-        self.metrics.releases.labels(release["dimension"], release["destination"]).inc(release["quantity"])
 
     def _stop_partition(self, task: PartitionTask, violation: Exception) -> None:
         """A bug, not bad input: stop this partition (the others go on), keep its committed state, say so.
@@ -361,6 +358,8 @@ class Processor:
         self.metrics.stuck_calls.set(stuck_calls())
         if committed:
             self.metrics.last_commit.set(time.time())
+            for (dimension, destination), quantity in result.released.items():
+                self.metrics.releases.labels(dimension, destination).inc(quantity)
             self.fence_retries = 0
             self._update_gauges()
             log.debug("checkpoint committed: %d events, %d records, %.1f ms", result.events, result.records,

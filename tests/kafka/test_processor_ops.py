@@ -4,6 +4,7 @@ by an invariant violation while the others go on."""
 from __future__ import annotations
 
 import socket
+import re
 import time
 import urllib.request
 from pathlib import Path
@@ -76,6 +77,10 @@ def test_processor_ticks_expire_leases_and_metrics_are_served(kafka_topics, tmp_
     assert 'settle_events_total{result="ok"}' in metrics
     assert 'settle_transactions_total{outcome="committed"}' in metrics
     assert 'settle_capacity{dimension="gpu_s",term="committed"} 7.0' in metrics
+    assert 'settle_released_quantity_total{destination="parent",dimension="gpu_s"} 23.0' in metrics
+    last_commit = re.search(r"^settle_last_commit_timestamp_seconds (\S+)$", metrics, re.M)
+    assert last_commit and abs(float(last_commit.group(1)) - time.time()) < 120
+    assert "settle_transactional_calls_stuck 0.0" in metrics
 
 
 def test_an_invariant_violation_stops_only_its_partition(kafka_topics, tmp_path: Path, worked_example: Path) -> None:
