@@ -8,16 +8,20 @@ library reads it; `settle replay FILE.avro` folds it partition by partition.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+import gc
+import os
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import fastavro
 
-from processors.replay import Input, ReplayResult, ledger_snapshot, replay, replay_document
+from processors.replay import (Input, ReplayError, ReplayResult, _single_threaded, ledger_snapshot, replay,
+                               replay_document)
 from projections.store import MemoryStore, Store
 from schemas import EVENT_TYPES
 from schemas.codec import Codec, CodecError
 
 EXPORT_RECORD = "io.branchsettlement.export.ExportedRecord"
+T = TypeVar("T")
 
 
 def export_schema(codec: Codec) -> dict:
@@ -78,17 +82,24 @@ def is_export(path) -> bool:
 
 def read_export(path, codec: Codec) -> dict[int, list[Input]]:
     """Inputs of an export file, per partition, in offset order."""
-    by_partition: dict[int, list[Input]] = {}
+    return {p: [export_input(row, codec) for row in rows] for p, rows in read_export_rows(path).items()}
+
+
+def read_export_rows(path) -> dict[int, list[dict]]:
+    """The rows of an export file as Avro decoded them, per partition, in offset order (`export_input`
+    makes each an Input)."""
+    by_partition: dict[int, list[dict]] = {}
     with open(path, "rb") as f:
         for row in fastavro.reader(f, return_record_name=True):
-            if row["event"] is not None:
-                name, fields = row["event"]
-                event = codec.event_from_json({"type": name.rsplit(".", 1)[1], **fields})
-                item = Input(row["offset"], event)
-            else:
-                item = Input(row["offset"], None, row["reason"])
-            by_partition.setdefault(row["partition"], []).append(item)
+            by_partition.setdefault(row["partition"], []).append(row)
     return dict(sorted(by_partition.items()))
+
+
+def export_input(row: dict, codec: Codec) -> Input:
+    if row["event"] is not None:
+        name, fields = row["event"]
+        return Input(row["offset"], codec.event_from_json({"type": name.rsplit(".", 1)[1], **fields}))
+    return Input(row["offset"], None, row["reason"])
 
 
 def replay_partitions(inputs: dict[int, Iterable[Input]], codec: Codec, store_factory=MemoryStore,
@@ -110,19 +121,110 @@ def _counting(items: Iterable[Input], progress) -> Iterator[Input]:
 def merged_document(folded: dict[int, tuple[ReplayResult, Store]], codec: Codec) -> dict:
     """One SPEC §12 document for several partitions: ledgers merged (a parent lives in one partition),
     outputs in (partition, offset) order."""
+    return merge_documents({p: partition_document(p, result, store, codec) for p, (result, store) in folded.items()})
+
+
+def partition_document(partition: int, result: ReplayResult, store: Store, codec: Codec) -> dict:
+    """One partition's part of `merged_document`."""
+    part = replay_document(result, store, codec)
+    part["dead_letters"] = [{"partition": partition, "offset": letter["offset"], "reason": letter["reason"]}
+                            for letter in result.dead_letters]
+    return part
+
+
+def merge_documents(parts: dict[int, dict]) -> dict:
     doc = {"parents": {}, "children": {}, "results": [], "releases": [], "dead_letters": []}
-    for partition, (result, store) in sorted(folded.items()):
-        part = replay_document(result, store, codec)
+    for _, part in sorted(parts.items()):
         doc["parents"].update(part["parents"])
         doc["children"].update(part["children"])
         doc["results"].extend(part["results"])
         doc["releases"].extend(part["releases"])
-        doc["dead_letters"].extend({"partition": partition, "offset": letter["offset"], "reason": letter["reason"]}
-                                   for letter in result.dead_letters)
+        doc["dead_letters"].extend(part["dead_letters"])
     doc["parents"] = dict(sorted(doc["parents"].items()))
     doc["children"] = dict(sorted(doc["children"].items()))
     return doc
 
 
+def replay_export(path, codec: Codec, render: Callable[[int, ReplayResult, Store], T],
+                  jobs: int | None = None) -> dict[int, T]:
+    """Fold each partition of an export file into a fresh in-memory store and `render` it (what is kept of
+    a partition: a document, a text). The partitions are independent, so when this process runs a single
+    thread, `jobs - 1` forked processes (default: one per core in all) take partitions too, the largest
+    first, and send back what `render` made of them; the file is read once, here."""
+    rows = read_export_rows(path)
+    order = sorted(rows, key=lambda p: (-len(rows[p]), p))
+
+    def one(p: int) -> T:
+        result, store = replay((export_input(row, codec) for row in rows[p]), MemoryStore(), codec=codec,
+                               partition=p)
+        return render(p, result, store)
+
+    jobs = min(len(order), jobs or _cores())
+    if jobs <= 1 or not _single_threaded():
+        return {p: one(p) for p in sorted(order)}
+    import multiprocessing
+    import pickle
+
+    ctx = multiprocessing.get_context("fork")
+    next_index = ctx.Value("i", 0)
+
+    def claim() -> int | None:
+        with next_index.get_lock():
+            i = next_index.value
+            next_index.value = i + 1
+        return order[i] if i < len(order) else None
+
+    def work(send) -> None:
+        try:
+            done = {}
+            while (p := claim()) is not None:
+                done[p] = one(p)
+            send.send_bytes(pickle.dumps(("ok", done), protocol=pickle.HIGHEST_PROTOCOL))
+        except BaseException as exc:  # the message travels; the class may not unpickle
+            send.send_bytes(pickle.dumps(("error", f"{type(exc).__name__}: {exc}")))
+        finally:
+            send.close()
+
+    workers = []
+    try:
+        gc.freeze()  # the forked processes' collector leaves the rows alone: their pages stay shared
+        try:
+            for _ in range(jobs - 1):
+                receive, send = ctx.Pipe(duplex=False)
+                worker = ctx.Process(target=work, args=(send,), daemon=True)
+                worker.start()
+                send.close()
+                workers.append((worker, receive))
+        finally:
+            gc.unfreeze()
+        done = {}
+        while (p := claim()) is not None:
+            done[p] = one(p)
+        for worker, receive in workers:
+            try:
+                status, value = pickle.loads(receive.recv_bytes())
+            except EOFError:
+                worker.join(5)
+                raise ReplayError(f"a replay process died (exit code {worker.exitcode})") from None
+            if status != "ok":
+                raise ReplayError(value)
+            done.update(value)
+        return dict(sorted(done.items()))
+    finally:
+        for worker, receive in workers:
+            receive.close()
+            worker.join(10)
+            if worker.is_alive():
+                worker.kill()
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 __all__ = ["decode_record", "write_export", "read_export", "is_export", "replay_partitions", "merged_document",
+           "replay_export", "partition_document", "merge_documents",
            "ledger_snapshot"]

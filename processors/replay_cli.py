@@ -46,8 +46,8 @@ def add_parsers(commands) -> None:
     p.add_argument("--group-id", default=os.environ.get("SETTLE_GROUP_ID", "branch-settlement"),
                    help="the processor's consumer group (default %(default)s)")
     p.add_argument("--jobs", type=int, metavar="N",
-                   help="processes replaying partitions side by side (default: one per core, at most one per "
-                        "partition; 1: all in this process)")
+                   help="processes replaying partitions side by side, for --topic and export files (default: one "
+                        "per core, at most one per partition; 1: all in this process)")
     p.set_defaults(run=run_replay)
 
     e = commands.add_parser(
@@ -113,8 +113,15 @@ def _replay_file(args: argparse.Namespace) -> int:
         raise SettlementError(f"no such file: {args.file}")
     codec = default_codec()
     if partitioned.is_export(args.file):
-        folded = partitioned.replay_partitions(partitioned.read_export(args.file, codec), codec)
-        _print_partitioned(folded, codec, args.json)
+        # partitions folded side by side (one process per core); each sends back its part of the output
+        if args.json:
+            parts = partitioned.replay_export(args.file, codec, lambda p, result, store:
+                                              partitioned.partition_document(p, result, store, codec), args.jobs)
+            sys.stdout.write(json.dumps(partitioned.merge_documents(parts), indent=2, ensure_ascii=False) + "\n")
+        else:
+            parts = partitioned.replay_export(args.file, codec, lambda p, result, store:
+                                              _summary(p, result, store, codec), args.jobs)
+            sys.stdout.write("".join(parts.values()))
         return EXIT_AGREES
     if args.store and os.path.exists(args.store):
         raise SettlementError(f"--store {args.store} already exists: replay folds into a fresh projection")
@@ -134,16 +141,25 @@ def _replay_file(args: argparse.Namespace) -> int:
 
 def _print_partitioned(folded: dict, codec, as_json: bool) -> None:
     from processors import partitioned
-    from processors.replay import ledger_snapshot
-    from processors.report import print_summary
 
     if as_json:
         doc = partitioned.merged_document(folded, codec)
         sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
         return
     for partition, (result, store) in folded.items():
-        sys.stdout.write(f"=== partition {partition}\n")
-        print_summary(result, ledger_snapshot(store, codec), sys.stdout)
+        sys.stdout.write(_summary(partition, result, store, codec))
+
+
+def _summary(partition: int, result, store, codec) -> str:
+    import io
+
+    from processors.replay import ledger_snapshot
+    from processors.report import print_summary
+
+    out = io.StringIO()
+    out.write(f"=== partition {partition}\n")
+    print_summary(result, ledger_snapshot(store, codec), out)
+    return out.getvalue()
 
 
 def _names(args: argparse.Namespace) -> dict[str, str]:

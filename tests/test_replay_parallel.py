@@ -187,3 +187,27 @@ def test_an_output_read_ahead_stops_at_the_end_decided_after_the_fold() -> None:
     assert not out.done
     out.set_end(2)
     assert out.done
+
+
+def test_an_export_file_replays_the_same_in_one_process_or_several(workload_file: Path, tmp_path: Path) -> None:
+    """`settle replay EXPORT.avro` with its partitions folded side by side (a fresh process, so forked) prints
+    what one process prints, and what folding each partition in turn gives."""
+    from processors import partitioned
+
+    codec = default_codec()
+    items = list(read_events(workload_file, codec))
+    export = tmp_path / "export.avro"
+    partitioned.write_export(export, ((n % 3, item, b"raw") for n, item in enumerate(items)), codec)
+    folded = partitioned.replay_partitions(partitioned.read_export(export, codec), codec)
+    expected = json.dumps(partitioned.merged_document(folded, codec), indent=2, ensure_ascii=False) + "\n"
+    outputs = {}
+    for jobs in ("1", "3"):
+        for flag in ("--json", None):
+            done = subprocess.run([sys.executable, "-m", "processors.cli", "replay", str(export), "--jobs", jobs,
+                                   *([flag] if flag else [])], capture_output=True, text=True,
+                                  cwd=Path(__file__).resolve().parent.parent, timeout=300)
+            assert done.returncode == 0, done.stderr
+            outputs[(jobs, flag)] = done.stdout
+    assert outputs[("1", "--json")] == outputs[("3", "--json")] == expected
+    assert outputs[("1", None)] == outputs[("3", None)]
+    assert outputs[("1", None)].count("=== partition") == 3
