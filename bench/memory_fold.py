@@ -53,6 +53,8 @@ def main() -> int:
     parser.add_argument("--store", choices=("rocks", "memory"), default="rocks")
     parser.add_argument("--checkpoint-events", type=int, default=2000)
     parser.add_argument("--points", type=int, default=20, help="RSS samples over the fill")
+    parser.add_argument("--realistic", type=int, default=0,
+                        help="then this many events of the seeded realistic workload (ticks to every partition)")
     parser.add_argument("--avro", action="store_true", help="encode and decode every event, as the processor does")
     parser.add_argument("--cache-records", type=int, help="the process-wide view cache budget "
                         f"(default {view_module.DEFAULT_CACHE_RECORDS:,} records)")
@@ -117,6 +119,27 @@ def main() -> int:
         if events % args.checkpoint_events == 0:
             checkpoint()
     checkpoint()
+    if args.realistic:
+        from processors.workload import Generator
+        fill_rss = status_kb()["VmRSS"]
+        for n, item in enumerate(Generator(9).generate(args.realistic)):
+            if isinstance(item, str):
+                continue
+            event = codec.event_from_json(item)
+            targets = range(args.partitions) if event["type"] == "Tick" else \
+                [zlib.crc32(event["parent_id"].encode()) % args.partitions]
+            for p in targets:
+                folds[p].apply(event, offsets[p], outs[p])
+                offsets[p] += 1
+                dirty.add(p)
+            if (n + 1) % args.checkpoint_events == 0:
+                checkpoint()
+            if (n + 1) % max(1, args.realistic // 5) == 0:
+                print(f"realistic {n + 1:>8,} events  RSS {status_kb()['VmRSS'] / 1024:7.1f} MB  cached records "
+                      f"{view_module.cache_budget().cached():>8,}  timers "
+                      f"{sum(v.pending_timer_count() for v in views):,}", flush=True)
+        checkpoint()
+        print(f"realistic events added {(status_kb()['VmRSS'] - fill_rss) / 1024:+.1f} MB", flush=True)
     status = status_kb()
     rocks = {}
     if args.store == "rocks":
