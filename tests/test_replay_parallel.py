@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from processors.kafka import topic_replay as tr
-from processors.replay import _single_threaded, read_events, read_events_aside, replay, replay_document
+from processors.replay import _single_threaded, read_events, read_events_aside, replay
 from processors.workload import Generator
 from schemas.codec import default_codec
 
