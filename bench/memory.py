@@ -67,7 +67,8 @@ def markdown(doc: dict) -> str:
         f"{'yes' if growth is not None and growth < RSS_FLAT_MB_PER_100K_CHILDREN else '**no**'} |",
         f"| fill: input records, events/s (10–50%, 50–90%) | {fill['records']:,}, {fill['events_per_s']:,.0f} "
         f"({fill['events_per_s_10_to_50']:,}, {fill['events_per_s_50_to_90']:,}) | | |",
-        f"| restart with a restore from the changelog (s, to partitions assigned) | {mem['processor_restart_with_restore_s']} | | |",
+        "| restart with a restore from the changelog (s, to partitions assigned) | "
+        f"{mem['processor_restart_with_restore_s']} | | |",
         "",
         f"Peak RSS by phase (MB): {phases}.",
         "",

@@ -82,6 +82,11 @@ def main() -> int:
     children = events = 0
     snapshots = []
     started = time.perf_counter()
+    realistic = []
+    if args.realistic:  # generated before the fill, so its memory is in the baseline
+        from processors.workload import Generator
+        realistic = [codec.event_from_json(item) for item in Generator(9).generate(args.realistic)
+                     if not isinstance(item, str)]
     print(f"start: RSS {status_kb()['VmRSS'] / 1024:.1f} MB", flush=True)
 
     def checkpoint() -> None:
@@ -120,12 +125,8 @@ def main() -> int:
             checkpoint()
     checkpoint()
     if args.realistic:
-        from processors.workload import Generator
         fill_rss = status_kb()["VmRSS"]
-        for n, item in enumerate(Generator(9).generate(args.realistic)):
-            if isinstance(item, str):
-                continue
-            event = codec.event_from_json(item)
+        for n, event in enumerate(realistic):
             targets = range(args.partitions) if event["type"] == "Tick" else \
                 [zlib.crc32(event["parent_id"].encode()) % args.partitions]
             for p in targets:

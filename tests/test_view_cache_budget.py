@@ -55,7 +55,8 @@ def fold_partitioned(budget: CacheBudget | None, stores: list, events: int = 300
         if isinstance(item, str):
             continue
         event = codec.event_from_json(item)
-        targets = range(len(views)) if event["type"] == "Tick" else [zlib.crc32(event["parent_id"].encode()) % len(views)]
+        targets = (range(len(views)) if event["type"] == "Tick"
+                   else [zlib.crc32(event["parent_id"].encode()) % len(views)])
         for p in targets:
             folds[p].apply(event, offsets[p], outs[p])
             offsets[p] += 1

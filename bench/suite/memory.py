@@ -86,6 +86,10 @@ def measure(env: Env, procs: Procs, topic_set: TopicSet, children: int, on_top: 
     per_record = children / max(run.throughput.records, 1)
     fill_window = (run.progress[0][0], run.progress[-1][0]) if run.progress else (0, 0)
     samples = [(t, kb) for t, kb in child.memory.samples if fill_window[0] <= t <= fill_window[1]]
+    # Where the fill phase's peak is: while the ledger grows, or in the realistic batch and the drain after it.
+    after = [kb for t, kb in child.memory.samples if t > fill_window[1]]
+    result.fill["peak_rss_mb_while_filling"] = round(max((kb for _, kb in samples), default=0) / 1024, 1)
+    result.fill["peak_rss_mb_after_the_fill"] = round(max(after, default=0) / 1024, 1)
     for t, kb in samples[:: max(1, len(samples) // RSS_CURVE_POINTS)]:
         result.curve.append({"children": int(run.progress_at(t) * per_record), "rss_mb": round(kb / 1024, 1)})
 
