@@ -203,8 +203,11 @@ class Replayer:
             _checkpoint(self.view, self.store, self.last_offset)
             self.since_checkpoint = 0
 
-    def finish(self) -> tuple[ReplayResult, Store]:
-        _checkpoint(self.view, self.store, self.last_offset)
+    def finish(self, write_store: bool = True) -> tuple[ReplayResult, Store]:
+        """The outputs and the store, with the last changes written to it; `write_store=False` when nothing
+        will read the store (the topic replay comparing outputs only): the store then lacks them."""
+        if write_store:
+            _checkpoint(self.view, self.store, self.last_offset)
         return self.result, self.store
 
 

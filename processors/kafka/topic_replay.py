@@ -574,7 +574,7 @@ def _replay_share(job: _Job, claim: Callable[[], int | None], progress, codec: C
 
 def _finish(part: _Active, job: _Job, codec: Codec) -> _Partition:
     p = part.p
-    result, store = part.replayer.finish()
+    result, store = part.replayer.finish(write_store=job.live is not None or job.keep_folded)
     done = _Partition(events=len(result.dead_letters) + result.events)
     published = {t: out.records for t, out in part.outputs.items()}
     _compare_partition(p, result, published, codec, job.offset_range, job.names, done)
