@@ -58,6 +58,7 @@ class Processor:
         self.fence_retries = 0
         self.failed = False
         self.lost_at: float | None = None  # when the partitions were lost, until the next assignment
+        self._event_counters: dict = {}  # result code -> its labelled counter (labels() costs a lock and a lookup)
 
     # -- clients ------------------------------------------------------------------------------------------
 
@@ -267,24 +268,29 @@ class Processor:
         task = self.tasks.get(message.partition())
         if task is None or task.stopped:
             return
-        if message.offset() < task.next_offset:
+        offset = message.offset()
+        if offset < task.next_offset:
             return  # already folded since the last commit (redelivered around a rebalance or rewind)
-        task.next_offset = message.offset() + 1
+        task.next_offset = offset + 1
         try:
             event = self.codec.decode_event(message.value() or b"")
         except CodecError as exc:
             task.dead_letter(message.key(), {
-                "source_topic": message.topic(), "partition": message.partition(), "offset": message.offset(),
+                "source_topic": message.topic(), "partition": message.partition(), "offset": offset,
                 "original": message.value() or b"", "reason": str(exc), "line": None, "event_id": None})
             self.metrics.dead_letters.inc()
         else:
             try:
-                result = task.apply(event, message.offset())
+                result = task.apply(event, offset)
             except Exception as failure:  # an InvariantViolation, or any other bug in the fold
                 self._stop_partition(task, failure)
                 return
-            self.metrics.events.labels(result["result"]).inc()
-        task.position = message.offset() + 1
+            code = result["result"]
+            counter = self._event_counters.get(code)
+            if counter is None:
+                counter = self._event_counters[code] = self.metrics.events.labels(code)
+            counter.inc()
+        task.position = offset + 1
         self.events_since_checkpoint += 1
 
     def _stop_partition(self, task: PartitionTask, violation: Exception) -> None:
