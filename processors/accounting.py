@@ -15,12 +15,13 @@ from projections.view import LedgerView
 
 
 def touch(ctx: EventContext, view: LedgerView, parent: dict, child: dict | None = None) -> None:
-    # Most steps of an event touch its parent again: once it is marked changed, the view holds this very
-    # record until the checkpoint, so putting it again would change nothing.
+    # Most steps of an event touch its parent (and its child) again: once one is marked changed, the view holds this
+    # very record until the checkpoint, so putting it again would change nothing (not even the order of changes).
     if ctx.touched.get(parent["parent_id"]) is not parent:
         ctx.touched[parent["parent_id"]] = parent
         view.put_parent(parent)
-    if child is not None:
+    if child is not None and ctx.touched_children.get(id(child)) is not child:
+        ctx.touched_children[id(child)] = child
         view.put_child(child)
 
 

@@ -10,7 +10,7 @@ from processors.outputs import Outputs
 
 
 class EventContext:
-    __slots__ = ("event", "partition", "offset", "now_ms", "out", "touched", "overdrawn")
+    __slots__ = ("event", "partition", "offset", "now_ms", "out", "touched", "touched_children", "overdrawn")
 
     def __init__(self, event: dict, partition: int, offset: int, now_ms: int, out: Outputs) -> None:
         self.event = event
@@ -20,6 +20,9 @@ class EventContext:
         self.out = out
         # Parents changed by this event: the invariant is checked on each once the event is applied.
         self.touched: dict[str, dict] = {}
+        # Children already put to the view by this event (by id: the view holds these very records until the
+        # checkpoint, so putting one again would change nothing).
+        self.touched_children: dict[int, dict] = {}
         # Set when a settlement had to draw beyond the parent: the result is then `overdrawn`.
         self.overdrawn = False
 

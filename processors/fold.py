@@ -85,12 +85,12 @@ _blake2b = hashlib.blake2b
 
 def payload_digest(event: dict) -> bytes:
     try:
-        text = _SORTED_JSON[event["type"]](event)
+        data = _SORTED_JSON[event["type"]](event)
     except Exception:  # not an event of a known type: json.dumps below says what it is
-        text = None
-    if text is None:
-        text = _canonical_json(event)
-    return _blake2b(text.encode(), digest_size=16).digest()
+        data = None
+    if data is None:
+        data = _canonical_json(event).encode()
+    return _blake2b(data, digest_size=16).digest()
 
 
 def _bad_id(value) -> bool:
@@ -206,13 +206,29 @@ def _validate_parent_reserved(event: dict) -> str | None:
     return f"policy.lending_limit: {problem}" if problem else None
 
 
-# The invariant runs after every applied event on every parent it touched: the terms are fetched in one
-# C-level call each, and a term is looked at by name only to describe a violation.
+# The invariant runs after every applied event on every parent it touched: each balance's terms are fetched in
+# one C-level call, and checked with min and sum (the held terms add up to capacity + overdrawn exactly when all
+# nine add up to twice that); a term is looked at by name only to describe a violation.
 _balance_terms = operator.itemgetter(*model.BALANCE_TERMS)
 _held_terms = operator.itemgetter(*model.HELD_TERMS)
+_CAPACITY = model.BALANCE_TERMS.index("capacity")
+_OVERDRAWN = model.BALANCE_TERMS.index("overdrawn")
 
 
 def check_invariant(parent: dict, event_id: str) -> None:
+    live = parent["live_children"]
+    if 0 <= live <= parent["open_children"]:
+        for balance in parent["dimensions"].values():
+            terms = _balance_terms(balance)
+            if min(terms) < 0 or sum(terms) != 2 * (terms[_CAPACITY] + terms[_OVERDRAWN]):
+                break
+        else:
+            return
+    _raise_violation(parent, event_id)
+
+
+def _raise_violation(parent: dict, event_id: str) -> None:
+    """The first violation of the parent, described."""
     parent_id = parent["parent_id"]
     if not 0 <= parent["live_children"] <= parent["open_children"]:
         raise InvariantViolation(parent_id, "*", f"live_children = {parent['live_children']}, "

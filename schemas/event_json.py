@@ -252,8 +252,8 @@ def _record_checker(schema: dict[str, Any], named: dict[str, Any], head: dict[st
 # one f-string per record: keys in sorted order, strings between quotes, ints as `int.__repr__`, true/false/null.
 # It only takes what it is sure of: a dict holding exactly the schema's fields (and "type"), each of exactly its
 # schema type, map keys of type str, and strings that JSON leaves as they are (no quote, no backslash, no control
-# character: checked once on the whole text, by counting its quotes and with str.isprintable). For anything else
-# it returns None and the caller uses json.dumps, so the text is always json.dumps's.
+# character: checked once on the whole UTF-8 text, by counting those bytes). For anything else it returns None and
+# the caller uses json.dumps, so the text is always json.dumps's.
 
 
 class _NotSure(Exception):
@@ -348,8 +348,8 @@ def _emit_json(g: _JsonGen, schema: Any, var: str, depth: int) -> tuple[str, int
 
 
 def compile_sorted_json(name: str, parsed_schema: dict[str, Any], leave_out: tuple[str, ...] = ()
-                        ) -> Callable[[dict[str, Any]], str | None]:
-    """The function giving the text of json.dumps(event without `leave_out`, sort_keys=True, separators=(",", ":"),
+                        ) -> Callable[[dict[str, Any]], bytes | None]:
+    """The function giving the UTF-8 of json.dumps(event without `leave_out`, sort_keys=True, separators=(",", ":"),
     ensure_ascii=False) for an event dict of type `name` (parsed_schema: its event schema), or None when it is not
     sure (see above)."""
     g = _JsonGen(parsed_schema.get("__named_schemas", {}))
@@ -373,11 +373,14 @@ def compile_sorted_json(name: str, parsed_schema: dict[str, Any], leave_out: tup
             quotes += 2 + key_quotes
     except _NotSure:
         return lambda event: None
-    g.emit(2, "text = f'{{" + ",".join(parts) + "}}'")
+    g.emit(2, "data = f'{{" + ",".join(parts) + "}}'.encode()")  # a lone surrogate: UnicodeEncodeError
     g.emit(1, "except Exception:")  # a missing field, keys json.dumps would sort otherwise ...: json.dumps decides
     g.emit(2, "return None")
-    g.emit(1, f"if text.count('\"') != q + {quotes} or '\\\\' in text or not text.isprintable(): return None")
-    g.emit(1, "return text")
-    namespace = {"_NotSure": _NotSure, "_get": operator.itemgetter(*kept), "_join": ",".join}
+    # Quotes, backslashes and control characters are the bytes json.dumps escapes; the text must hold no more of
+    # them than the quotes it was written with (UTF-8 bytes of other characters are all >= 0x80).
+    g.emit(1, f"if len(data) - len(data.translate(None, _ESCAPED)) != q + {quotes}: return None")
+    g.emit(1, "return data")
+    namespace = {"_NotSure": _NotSure, "_get": operator.itemgetter(*kept), "_join": ",".join,
+                 "_ESCAPED": bytes(range(0x20)) + b'"\\'}
     exec(compile("\n".join(g.lines) + "\n", f"<sorted json of {name}>", "exec"), namespace)
     return namespace["sorted_json"]
