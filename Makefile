@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 SHARED ?= $(abspath ../shared)
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit kafka-up kafka-down kafka-status bench bench-quick bench-fold faults clean
+.PHONY: install demo test test-unit kafka-up kafka-down kafka-status bench bench-quick bench-fold bench-replay faults clean
 
 install: $(STAMP)
 
@@ -44,6 +44,10 @@ bench: install kafka-up
 
 bench-quick: install kafka-up
 	$(BIN)/python bench/run.py --quick
+
+# Both replays against the live processor on the same input, side by side (issue 5: at least twice as fast).
+bench-replay: install kafka-up
+	$(BIN)/python bench/replay_ratio.py --repeat 2
 
 faults: install kafka-up
 	SHARED_DIR=$(SHARED) $(BIN)/python -m faults.run
