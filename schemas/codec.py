@@ -353,6 +353,7 @@ class _Unsupported(Exception):
 # and offsets recur across the records of a checkpoint (an event's result, audit records, releases and ledger
 # records share most of them). Cleared when full, so memory stays bounded.
 _STRING_CACHE_MAX = 16384
+_STRING_CACHED_SIZE_MAX = 256  # bytes: at most 16384 * 256 bytes of cached strings
 _LONG_CACHE_MAX = 4096
 _string_cache: dict[str, bytes] = {}
 _long_cache: dict[int, bytes] = {}
@@ -381,13 +382,15 @@ def _long_bytes(value: int) -> bytes:
 
 
 def _string_bytes(value: str) -> bytes:
-    """Length-prefixed UTF-8 of an exact str, cached (a lone surrogate raises UnicodeEncodeError)."""
+    """Length-prefixed UTF-8 of an exact str, cached unless long (a dead letter's line may be a whole input
+    record): a lone surrogate raises UnicodeEncodeError."""
     data = value.encode()
     size = len(data)
     data = (bytes((size << 1,)) if size < 64 else _varint(size)) + data
-    if len(_string_cache) >= _STRING_CACHE_MAX:
-        _string_cache.clear()
-    _string_cache[value] = data
+    if size <= _STRING_CACHED_SIZE_MAX:
+        if len(_string_cache) >= _STRING_CACHE_MAX:
+            _string_cache.clear()
+        _string_cache[value] = data
     return data
 
 
@@ -423,6 +426,8 @@ _GENERATED_GLOBALS = {
     "_sc_get": _string_cache.get,
     "_read_varint": _read_varint,
     "_read_length": _read_length,
+    "_join": b"".join,
+    "_BOOL": (b"\x00", b"\x01"),
 }
 
 
@@ -473,29 +478,28 @@ def _emit_write(g: _Gen, schema: Any, var: str, depth: int, stack: tuple[str, ..
         if len(schema) != 2 or len(other) != 1 or g.resolve(other[0], stack)[0] == "int":
             # fastavro picks among several branches (or range-checks an int) by validating
             raise _Unsupported("union")
-        null_byte, value_byte = (0, 2) if schema[0] == _NULL else (2, 0)
+        null_byte, value_byte = (b"\x00", b"\x02") if schema[0] == _NULL else (b"\x02", b"\x00")
         e(depth, f"if {var} is None:")
-        e(depth + 1, f"out.append({null_byte})")
+        e(depth + 1, f"ap({null_byte!r})")
         e(depth, "else:")
-        e(depth + 1, f"out.append({value_byte})")
+        e(depth + 1, f"ap({value_byte!r})")
         _emit_write(g, other[0], var, depth + 1, stack)
         return
     kind = schema if isinstance(schema, str) else schema["type"]
     if kind in ("long", "int"):  # fastavro writes an int as a long: no 32-bit range check outside a union
         e(depth, f"if type({var}) is not int: raise _NotPlain")
-        e(depth, f"out += _lc_get({var}) or _long_bytes({var})")  # never empty: a cached encoding is truthy
+        e(depth, f"ap(_lc_get({var}) or _long_bytes({var}))")  # never empty: a cached encoding is truthy
     elif kind == "string":
         e(depth, f"if type({var}) is not str: raise _NotPlain")
-        e(depth, f"out += _sc_get({var}) or _string_bytes({var})")
+        e(depth, f"ap(_sc_get({var}) or _string_bytes({var}))")
     elif kind == "bytes":
         e(depth, f"if type({var}) is not bytes: raise _NotPlain")
         e(depth, f"n = len({var})")
-        e(depth, "if n < 64: out.append(n << 1)")
-        e(depth, "else: out += _varint(n)")
-        e(depth, f"out += {var}")
+        e(depth, "ap(_lc_get(n) or _long_bytes(n))")
+        e(depth, f"ap({var})")
     elif kind == "boolean":
         e(depth, f"if type({var}) is not bool: raise _NotPlain")
-        e(depth, f"out.append({var})")
+        e(depth, f"ap(_BOOL[{var}])")
     elif kind == "null":
         e(depth, f"if {var} is not None: raise _NotPlain")
     elif kind == "record":
@@ -513,8 +517,7 @@ def _emit_write(g: _Gen, schema: Any, var: str, depth: int, stack: tuple[str, ..
         e(depth, f"if type({var}) is not {'dict' if kind == 'map' else 'list'}: raise _NotPlain")
         e(depth, f"if {var}:")
         e(depth + 1, f"n = len({var})")
-        e(depth + 1, "if n < 64: out.append(n << 1)")
-        e(depth + 1, "else: out += _varint(n)")
+        e(depth + 1, "ap(_lc_get(n) or _long_bytes(n))")
         item = g.fresh("x")
         if kind == "map":
             key = g.fresh("k")
@@ -524,7 +527,7 @@ def _emit_write(g: _Gen, schema: Any, var: str, depth: int, stack: tuple[str, ..
         else:
             e(depth + 1, f"for {item} in {var}:")
             _emit_write(g, schema["items"], item, depth + 2, stack)
-        e(depth, "out.append(0)")
+        e(depth, "ap(b'\\x00')")
     else:
         raise _Unsupported(kind)  # enum, fixed, float, double: no schema of ours has them
 
@@ -609,7 +612,8 @@ def compile_encoder(schema: Any, header: bytes) -> Callable[[Any], bytes]:
     _NotPlain for anything it leaves to fastavro (every record, if the schema is not one it compiles)."""
     g = _Gen(_named_of(schema))
     g.emit(0, "def encode(value):")
-    g.emit(1, "out = bytearray(HEADER)")
+    g.emit(1, "parts = [HEADER]")
+    g.emit(1, "ap = parts.append")
     g.emit(1, "try:")
     try:
         _emit_write(g, schema, "value", 2, ())
@@ -617,7 +621,7 @@ def compile_encoder(schema: Any, header: bytes) -> Callable[[Any], bytes]:
         return _leave_to_fastavro
     g.emit(1, "except Exception:")  # a missing field, an unhashable key, a lone surrogate ...: fastavro decides
     g.emit(2, "raise _NotPlain from None")
-    g.emit(1, "return bytes(out)")
+    g.emit(1, "return _join(parts)")
     return _compile("\n".join(g.lines) + "\n", "encode", {"HEADER": header, **g.constants})
 
 

@@ -344,3 +344,18 @@ def test_the_fast_checks_take_every_plain_event_of_a_realistic_workload(codec):
         assert _SORTED_JSON[event["type"]](event) is not None, event
         if event["type"] not in ("Tick", "ParentReserved"):
             assert _plainly_valid(event), event
+
+
+def test_the_encoding_caches_stay_bounded(codec):
+    from schemas import codec as codec_module
+
+    letter = {"source_topic": "t", "partition": 0, "offset": 1, "original": b"x" * 10_000, "reason": "r" * 5000,
+              "line": 7, "event_id": None}
+    fast = codec.encode("DeadLetter", letter)
+    assert fast == fastavro_bytes(codec, "DeadLetter", letter)
+    assert "r" * 5000 not in codec_module._string_cache  # long strings are encoded, not kept
+    for index in range(codec_module._STRING_CACHE_MAX + 10):
+        codec.encode("TimerRecord", {"kind": "child_lease", "deadline_ms": index, "parent_id": f"p{index}",
+                                     "child_id": ""})
+    assert len(codec_module._string_cache) <= codec_module._STRING_CACHE_MAX
+    assert len(codec_module._long_cache) <= codec_module._LONG_CACHE_MAX
