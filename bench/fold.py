@@ -7,7 +7,9 @@ Three figures on one seeded realistic workload (processors/workload.py), all one
 - fold+rocksdb:    the same into a RocksDB projection;
 - fold+rocksdb+avro: also decoding every input from Avro single-object bytes and encoding every
                    output (results, releases, audit records, parent summaries) to Avro, as the processor does.
-Each figure is the fastest of `--repeat` runs (on a shared machine, the run least disturbed by others).
+Each figure is the fastest of `--repeat` runs (on a shared machine, the run least disturbed by others), in
+wall-clock events/s and in CPU microseconds per event (process time: what the load of other processes moves
+least, so the figure to compare between runs on a busy machine).
 Writes bench/results/fold.json.
 """
 
@@ -46,13 +48,14 @@ def workload(seed: int, events: int) -> list[dict]:
     return decoded
 
 
-def run(events: list[dict], store, checkpoint_events: int, avro: bool) -> tuple[float, int]:
+def run(events: list[dict], store, checkpoint_events: int, avro: bool) -> tuple[float, float, int]:
     codec = default_codec()
     inputs = [codec.encode_event(e) for e in events] if avro else events
     view = open_view(store, codec)
     fold = Fold(view)
     out = Outputs()
     produced = 0
+    cpu_started = time.process_time()
     started = time.perf_counter()
     for offset, item in enumerate(inputs):
         event = codec.decode_event(item) if avro else item
@@ -66,7 +69,7 @@ def run(events: list[dict], store, checkpoint_events: int, avro: bool) -> tuple[
             out.clear()
             store.write(view.changes(), offset)
             view.mark_committed()
-    return time.perf_counter() - started, produced
+    return time.perf_counter() - started, time.process_time() - cpu_started, produced
 
 
 def main() -> None:
@@ -89,13 +92,17 @@ def main() -> None:
                 store = make_store(os.path.join(tmp, f"{name}-{attempt}"))  # every run starts empty
                 runs.append(run(events, store, args.checkpoint_events, avro))
                 store.close()
-            seconds, produced = min(runs)
+            seconds, _, produced = min(runs)
+            cpu_seconds = min(cpu for _, cpu, _ in runs)
+            cpu_us = cpu_seconds / len(events) * 1e6
             figures[name] = {"events_per_s": round(len(events) / seconds), "seconds": round(seconds, 3),
-                             "outputs": produced}
-            print(f"{name:<20} {len(events) / seconds:>10,.0f} events/s  ({len(events)} events, "
-                  f"{produced} outputs, {seconds:.2f} s)")
+                             "cpu_us_per_event": round(cpu_us, 2), "outputs": produced}
+            print(f"{name:<20} {len(events) / seconds:>10,.0f} events/s  {cpu_us:7.2f} CPU us/event  "
+                  f"({len(events)} events, {produced} outputs, {seconds:.2f} s)")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    load = os.getloadavg()[0]
     report = {"benchmark": "fold", "git_commit": commit, "events": len(events), "seed": args.seed,
+              "load_average_at_end": round(load, 2),
               "checkpoint_events": args.checkpoint_events, "repeat": args.repeat, "python": platform.python_version(),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores", "figures": figures}
     target = Path(__file__).resolve().parent / "results" / "fold.json"
