@@ -38,6 +38,8 @@ def test_precedence_file_then_environment_then_flags(tmp_path: Path) -> None:
     assert config.commit_events == 20  # environment over file
     assert config.group_id == "from-flag"  # flag over environment
     assert config.transactional_id == "branch-settlement-w1"
+    scoped = cfg.load(parse("--worker-slot", "w1", "--topic-prefix", "staging."), environ={})
+    assert scoped.transactional_id == "staging.branch-settlement-w1"  # environments never fence each other
     assert config.client_config() == {"bootstrap.servers": "127.0.0.1:9092", "security.protocol": "SASL_SSL",
                                       "ssl.ca.location": "/etc/ca.pem", "sasl.mechanism": "PLAIN"}
 

@@ -49,7 +49,9 @@ class ProcessorConfig:
 
     @property
     def transactional_id(self) -> str:
-        return f"{self.transactional_id_prefix}-{self.worker_slot}"
+        # Scoped by the topic prefix like everything else of an environment: two environments on one cluster
+        # (or two test runs) with the same worker slot must not fence each other's producers.
+        return f"{self.topic_prefix}{self.transactional_id_prefix}-{self.worker_slot}"
 
     def client_config(self) -> dict[str, str]:
         return connection.client_config(self.bootstrap_servers, self.kafka)
@@ -74,7 +76,7 @@ HELP = {
     "topic_spec": "topic spec file (default: deploy/topics.json)",
     "state_dir": "directory of the RocksDB projections, one per input partition",
     "worker_slot": "stable id of this worker slot (host name, pod ordinal); part of transactional.id",
-    "transactional_id_prefix": "transactional.id = PREFIX-WORKER_SLOT",
+    "transactional_id_prefix": "transactional.id = TOPIC_PREFIX + PREFIX-WORKER_SLOT",
     "commit_interval_ms": "checkpoint (commit the transaction) at least this often while events flow",
     "commit_events": "checkpoint after this many events, whatever the interval",
     "tick_interval_ms": "append a Tick to each owned partition this often; 0 = never",
