@@ -44,6 +44,9 @@ class ProcessorConfig:
     max_poll_interval_ms: int = 60_000
     transaction_timeout_ms: int = 30_000
     metrics_port: int = 0
+    # Decoded ledger records kept in memory by the whole process, every partition together (RocksDB holds the
+    # rest): what bounds the processor's memory whatever the size of the ledger.
+    view_cache_records: int = 100_000
     log_level: str = "INFO"
     kafka: Mapping[str, str] = field(default_factory=dict)
 
@@ -61,7 +64,7 @@ class ProcessorConfig:
                      "transaction_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("tick_interval_ms", "metrics_port"):
+        for name in ("tick_interval_ms", "metrics_port", "view_cache_records"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.worker_slot or not self.group_id:
@@ -78,6 +81,8 @@ HELP = {
     "worker_slot": "stable id of this worker slot (host name, pod ordinal); part of transactional.id",
     "transactional_id_prefix": "transactional.id = TOPIC_PREFIX + PREFIX-WORKER_SLOT",
     "commit_interval_ms": "checkpoint (commit the transaction) at least this often while events flow",
+    "view_cache_records": "decoded ledger records cached by the whole process, all partitions together "
+                          "(about 1 KB each; bounds memory, RocksDB holds the rest)",
     "commit_events": "checkpoint after this many events, whatever the interval",
     "tick_interval_ms": "append a Tick to each owned partition this often; 0 = never",
     "session_timeout_ms": "consumer group session timeout",

@@ -24,6 +24,7 @@ from processors.kafka.metrics import Metrics
 from processors.kafka.partition import PartitionTask, input_position, open_store, store_path
 from processors.kafka.restore import restore
 from processors.kafka.txn_guard import TransactionCallStuck, bounded, check_stuck_budget, stuck_calls
+from projections import view
 from schemas.codec import Codec, CodecError, default_codec
 
 log = logging.getLogger("settle.processor")
@@ -44,6 +45,7 @@ class Processor:
                  metrics: Metrics | None = None, clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.topics = topics
+        view.set_cache_budget(config.view_cache_records)
         self.codec = codec or default_codec()
         self.metrics = metrics or Metrics()
         self.clock = clock

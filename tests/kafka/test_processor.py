@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from processors.kafka.partition import INPUT_POSITION_KEY, input_position
 from processors.workload import write_jsonl
+from projections import keys
+from projections.store import RocksStore
 from tests.kafka.pipeline import (REPO, ProcessorProcess, count_records, non_empty, offline, projection_ledgers,
                                   published, read_partitions, wait_for_results)
 
@@ -200,17 +203,21 @@ def test_a_zombie_commits_nothing(kafka_topics, tmp_path: Path) -> None:
     assert_exactly_once(kafka_topics)
 
 
-def test_a_deleted_projection_is_restored_from_the_changelog(kafka_topics, tmp_path: Path) -> None:
-    expected = produce_workload(kafka_topics, tmp_path, 5_000, seed=16)
+def process_workload(kafka_topics, tmp_path: Path, events: int, seed: int) -> Path:
+    """One processor through a seeded workload to its end; its state directory."""
+    expected = produce_workload(kafka_topics, tmp_path, events, seed=seed)
     state = tmp_path / "state"
     proc = ProcessorProcess(kafka_topics, state, tmp_path / "run.log", slot="a", group="g")
     try:
         wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, expected, 300, [proc])
     finally:
         assert proc.stop() == 0
-    before = projection_ledgers(state, "g")
-    shutil.rmtree(state)
-    proc = ProcessorProcess(kafka_topics, state, tmp_path / "run2.log", slot="a", group="g")
+    return state
+
+
+def restart_until_assigned(kafka_topics, state: Path, log_path: Path) -> str:
+    """A processor started on `state`, stopped once its restore is done and it owns partitions; its log."""
+    proc = ProcessorProcess(kafka_topics, state, log_path, slot="a", group="g")
     try:
         deadline = time.monotonic() + 120
         while "assigned partitions" not in proc.output():
@@ -218,8 +225,16 @@ def test_a_deleted_projection_is_restored_from_the_changelog(kafka_topics, tmp_p
             time.sleep(0.5)
     finally:
         assert proc.stop() == 0
-    applied = [int(n) for n in re.findall(r"restored: (\d+) changelog records applied", proc.output())]
-    assert sum(applied) > 0, proc.output()[-3000:]
+    return proc.output()
+
+
+def test_a_deleted_projection_is_restored_from_the_changelog(kafka_topics, tmp_path: Path) -> None:
+    state = process_workload(kafka_topics, tmp_path, 5_000, seed=16)
+    before = projection_ledgers(state, "g")
+    shutil.rmtree(state)
+    log = restart_until_assigned(kafka_topics, state, tmp_path / "run2.log")
+    applied = [int(n) for n in re.findall(r"restored: (\d+) changelog records applied", log)]
+    assert sum(applied) > 0, log[-3000:]
     assert projection_ledgers(state, "g") == before
     want = offline(kafka_topics.bootstrap_servers, kafka_topics)[2]
     assert {p: l for p, l in before.items() if l["parents"]} == {p: l for p, l in want.items() if l["parents"]}
@@ -229,17 +244,7 @@ def test_a_projection_ahead_of_the_committed_offsets_is_rebuilt(kafka_topics, tm
     """What a broker that loses an acknowledged commit in an unclean restart leaves behind (docs/faults.md,
     finding 2): a projection written after the commit, while the changelog and the offsets were rolled back.
     The processor rebuilds it from the changelog by itself, and nothing is published twice."""
-    from processors.kafka.partition import INPUT_POSITION_KEY, input_position
-    from projections import keys
-    from projections.store import RocksStore
-
-    expected = produce_workload(kafka_topics, tmp_path, 3_000, seed=17)
-    state = tmp_path / "state"
-    proc = ProcessorProcess(kafka_topics, state, tmp_path / "run.log", slot="a", group="g")
-    try:
-        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, expected, 300, [proc])
-    finally:
-        assert proc.stop() == 0
+    state = process_workload(kafka_topics, tmp_path, 3_000, seed=17)
     before = projection_ledgers(state, "g")
     partition = next(p for p, ledger in sorted(before.items()) if ledger["parents"])
     store = RocksStore(state / "g" / f"partition-{partition}")
@@ -251,15 +256,7 @@ def test_a_projection_ahead_of_the_committed_offsets_is_rebuilt(kafka_topics, tm
         store.close()
     assert projection_ledgers(state, "g")[partition] != before[partition]
 
-    proc = ProcessorProcess(kafka_topics, state, tmp_path / "run2.log", slot="a", group="g")
-    try:
-        deadline = time.monotonic() + 120
-        while "assigned partitions" not in proc.output():
-            assert time.monotonic() < deadline and proc.proc.poll() is None, proc.output()[-3000:]
-            time.sleep(0.5)
-    finally:
-        assert proc.stop() == 0
-    log = proc.output()
+    log = restart_until_assigned(kafka_topics, state, tmp_path / "run2.log")
     assert f"partition {partition}: the projection covers input offset {ahead}, beyond the committed" in log, log[-3000:]
     assert "rebuilding" in log
     assert projection_ledgers(state, "g") == before
