@@ -200,22 +200,33 @@ def replay_export(path, codec: Codec, render: Callable[[int, ReplayResult, Store
         done = {}
         while (p := claim()) is not None:
             done[p] = one(p)
-        for worker, receive in workers:
-            try:
-                status, value = pickle.loads(receive.recv_bytes())
-            except EOFError:
-                worker.join(5)
-                raise ReplayError(f"a replay process died (exit code {worker.exitcode})") from None
-            if status != "ok":
-                raise ReplayError(value)
-            done.update(value)
+        gather_workers(workers, done, ReplayError, lambda receive: pickle.loads(receive.recv_bytes()))
         return dict(sorted(done.items()))
     finally:
-        for worker, receive in workers:
-            receive.close()
-            worker.join(10)
-            if worker.is_alive():
-                worker.kill()
+        stop_workers(workers)
+
+
+def gather_workers(workers: list, results: dict, failure: type[Exception],
+                   load: Callable = lambda receive: receive.recv()) -> None:
+    """Each worker process's ("ok", {partition: result}) into `results`; a worker's ("error", message), or
+    its death, raised as `failure`."""
+    for worker, receive in workers:
+        try:
+            status, value = load(receive)
+        except EOFError:
+            worker.join(5)
+            raise failure(f"a replay process died (exit code {worker.exitcode})") from None
+        if status != "ok":
+            raise failure(value)
+        results.update(value)
+
+
+def stop_workers(workers: list) -> None:
+    for worker, receive in workers:
+        receive.close()
+        worker.join(10)
+        if worker.is_alive():
+            worker.kill()
 
 
 def _cores() -> int:

@@ -29,7 +29,7 @@ from typing import Callable, Iterable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from processors.kafka.errors import KafkaFailure
-from processors.partitioned import decode_record
+from processors.partitioned import decode_record, gather_workers, stop_workers
 from processors.replay import Input, Replayer, ReplayResult, child_entry, ledger_snapshot, parent_entry
 from projections import keys
 from projections.store import MemoryStore, RocksStore, Store
@@ -371,22 +371,10 @@ def _run_jobs(job: _Job, jobs: int, progress: Progress, codec: Codec) -> dict[in
             progress.update(own_done + counter.value)
 
         results = _replay_share(job, _claimer(job.order, next_index), own_progress, codec)
-        for worker, receive in workers:
-            try:
-                status, value = receive.recv()
-            except EOFError:
-                worker.join(5)
-                raise KafkaFailure(f"a replay process died (exit code {worker.exitcode})") from None
-            if status != "ok":
-                raise KafkaFailure(value)
-            results.update(value)
+        gather_workers(workers, results, KafkaFailure)
         return results
     finally:
-        for worker, receive in workers:
-            receive.close()
-            worker.join(10)
-            if worker.is_alive():
-                worker.kill()
+        stop_workers(workers)
 
 
 def _start_method():
