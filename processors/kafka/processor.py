@@ -363,9 +363,11 @@ class Processor:
         committed = bool(result and result.committed)
         self.metrics.transactions.labels("committed" if committed else "aborted").inc()
         self.metrics.checkpoint_seconds.set(time.monotonic() - started)
+        self.metrics.checkpoint_duration.observe(time.monotonic() - started)
         self.metrics.stuck_calls.set(stuck_calls())
         if committed:
             self.metrics.last_commit.set(time.time())
+            self.metrics.checkpoint_events.observe(result.events)
             for (dimension, destination), quantity in result.released.items():
                 self.metrics.releases.labels(dimension, destination).inc(quantity)
             self.fence_retries = 0

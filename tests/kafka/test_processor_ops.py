@@ -81,6 +81,8 @@ def test_processor_ticks_expire_leases_and_metrics_are_served(kafka_topics, tmp_
     last_commit = re.search(r"^settle_last_commit_timestamp_seconds (\S+)$", metrics, re.M)
     assert last_commit and abs(float(last_commit.group(1)) - time.time()) < 120
     assert "settle_transactional_calls_stuck 0.0" in metrics
+    checkpoints = re.search(r"^settle_checkpoint_duration_seconds_count (\S+)$", metrics, re.M)
+    assert checkpoints and float(checkpoints.group(1)) >= 2  # at least the two checkpoints of the releases
 
 
 def test_an_invariant_violation_stops_only_its_partition(kafka_topics, tmp_path: Path, worked_example: Path) -> None:
