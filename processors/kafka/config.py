@@ -38,6 +38,8 @@ class ProcessorConfig:
     transactional_id_prefix: str = "branch-settlement"
     commit_interval_ms: int = 100
     commit_events: int = 2_000
+    # Output records buffered (all partitions): a burst of expiries commits in slices, not in one huge transaction.
+    commit_records: int = 20_000
     # Ticks appended to each owned partition (SPEC §7); 0 turns them off (replaying recorded ticks only).
     tick_interval_ms: int = 1_000
     session_timeout_ms: int = 10_000
@@ -60,8 +62,8 @@ class ProcessorConfig:
         return connection.client_config(self.bootstrap_servers, self.kafka)
 
     def validate(self) -> "ProcessorConfig":
-        for name in ("commit_interval_ms", "commit_events", "session_timeout_ms", "max_poll_interval_ms",
-                     "transaction_timeout_ms"):
+        for name in ("commit_interval_ms", "commit_events", "commit_records", "session_timeout_ms",
+                     "max_poll_interval_ms", "transaction_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("tick_interval_ms", "metrics_port", "view_cache_records"):
@@ -80,6 +82,7 @@ HELP = {
     "state_dir": "directory of the RocksDB projections, one per input partition",
     "worker_slot": "stable id of this worker slot (host name, pod ordinal); part of transactional.id",
     "transactional_id_prefix": "transactional.id = TOPIC_PREFIX + PREFIX-WORKER_SLOT",
+    "commit_records": "checkpoint once this many output records are buffered (bounds a transaction and its memory)",
     "commit_interval_ms": "checkpoint (commit the transaction) at least this often while events flow",
     "view_cache_records": "decoded ledger records cached by the whole process, all partitions together "
                           "(about 1 KB each; bounds memory, RocksDB holds the rest)",

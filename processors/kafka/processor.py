@@ -329,6 +329,8 @@ class Processor:
             return False
         if self.events_since_checkpoint >= self.config.commit_events:
             return True
+        if sum(len(task.records) for task in self.tasks.values()) >= self.config.commit_records:
+            return True
         return (time.monotonic() - self.last_checkpoint) * 1000 >= self.config.commit_interval_ms
 
     def checkpoint(self) -> bool:
