@@ -67,8 +67,10 @@ def test_broker_hard_bounce_and_clean_restart(shared_bootstrap: str, tmp_path: P
     watchdog. Two librdkafka behaviours made it need help before (docs/faults.md, findings 1 and 2): a
     transactional call blocking past its timeout (now bounded: the producer is given up and replaced) and a
     commit the restarting broker lost (the projection ahead of the committed offsets is now rebuilt from the
-    changelog). The watchdog allows 60 s without progress: the broker's own restart takes 10-20 s here."""
-    report = run_scenario("broker_bounce", 120, SIZE, OUTAGES_S, tmp_path, stall_s=60, hard_bounces=1)
+    changelog). The watchdog allows 120 s without progress: the broker's own restart takes 10-20 s here, and
+    a rejoin can wait out the group's rebalance timeout (max.poll.interval.ms, 60 s) for members lost in the
+    restart; a watchdog quicker than that kills each new processor while it waits, every time."""
+    report = run_scenario("broker_bounce", 120, SIZE, OUTAGES_S, tmp_path, stall_s=120, hard_bounces=1)
     assert_exactly_once(report, "broker_bounce")
     assert report["faults"]["broker_kill_9"] == 1 and report["faults"]["broker_clean_restart"] == 1
     assert not report["operator_interventions"], report["operator_interventions"]
