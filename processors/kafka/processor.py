@@ -169,7 +169,7 @@ class Processor:
         if consumer is not self.consumer:
             return
         revoked = sorted(tp.partition for tp in partitions)
-        if not self.failed and (self.ticks or any(task.has_work() for task in self.tasks.values())):
+        if not self.failed and self._has_work():
             self.checkpoint()  # commit what was folded before giving the partitions away
         self.ticks = [(p, tick) for p, tick in self.ticks if p not in revoked]
         for p in revoked:
@@ -364,8 +364,9 @@ class Processor:
         self.last_checkpoint = started
         committed = bool(result and result.committed)
         self.metrics.transactions.labels("committed" if committed else "aborted").inc()
-        self.metrics.checkpoint_seconds.set(time.monotonic() - started)
-        self.metrics.checkpoint_duration.observe(time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        self.metrics.checkpoint_seconds.set(elapsed)
+        self.metrics.checkpoint_duration.observe(elapsed)
         self.metrics.stuck_calls.set(stuck_calls())
         if committed:
             self.metrics.last_commit.set(time.time())
@@ -375,7 +376,7 @@ class Processor:
             self.fence_retries = 0
             self._update_gauges()
             log.debug("checkpoint committed: %d events, %d records, %.1f ms", result.events, result.records,
-                      (time.monotonic() - started) * 1000)
+                      elapsed * 1000)
         return committed
 
     def _call_timeout_s(self) -> float:
