@@ -93,7 +93,7 @@ def main() -> int:
                  "started_at": started_wall.isoformat(timespec="seconds"), "git": git_commit(), "machine": machine(),
                  "kafka": kafka_version(),
                  "settings": {"children": args.children, "on_top_events": args.on_top_events, "seed": args.seed,
-                              "cache_records": view.cache_budget().records,
+                              "view_cache_mb": view.cache_budget().bytes >> 20,
                               "rocksdb_cache_mb": store.ROCKSDB_CACHE_BYTES // 2**20,
                               "rocksdb_write_buffers_mb": store.ROCKSDB_WRITE_BUFFERS_BYTES // 2**20}}
     work_dir = Path(tempfile.mkdtemp(prefix="bench-memory-"))

@@ -56,8 +56,8 @@ def main() -> int:
     parser.add_argument("--realistic", type=int, default=0,
                         help="then this many events of the seeded realistic workload (ticks to every partition)")
     parser.add_argument("--avro", action="store_true", help="encode and decode every event, as the processor does")
-    parser.add_argument("--cache-records", type=int, help="the process-wide view cache budget "
-                        f"(default {view_module.DEFAULT_CACHE_RECORDS:,} records)")
+    parser.add_argument("--cache-mb", type=int, help="the process-wide view cache budget, estimated MB "
+                        f"(default {view_module.DEFAULT_CACHE_BYTES >> 20})")
     parser.add_argument("--tracemalloc", action="store_true")
     parser.add_argument("--state-dir", help="where the RocksDB projections go (default: a temporary directory)")
     parser.add_argument("--json", help="write the figures to this file")
@@ -66,8 +66,8 @@ def main() -> int:
     if args.tracemalloc:
         import tracemalloc
         tracemalloc.start(8)
-    if args.cache_records is not None:
-        view_module.set_cache_budget(args.cache_records)
+    if args.cache_mb is not None:
+        view_module.set_cache_budget(args.cache_mb << 20)
     codec = default_codec()
     tmp = tempfile.TemporaryDirectory(prefix="memory-fold-", dir=args.state_dir)
     stores = [RocksStore(os.path.join(tmp.name, f"partition-{p}")) if args.store == "rocks" else MemoryStore()
@@ -114,7 +114,7 @@ def main() -> int:
             children += 1
             if children % every == 0:
                 status = status_kb()
-                cached = view_module.cache_budget().cached()
+                cached = view_module.cache_budget().cached_records()
                 curve.append({"children": children, "rss_mb": round(status["VmRSS"] / 1024, 1), "cached": cached,
                               "timers": sum(v.pending_timer_count() for v in views)})
                 print(f"{children:>10,} children  RSS {status['VmRSS'] / 1024:7.1f} MB  cached records {cached:>8,}"
@@ -137,7 +137,7 @@ def main() -> int:
                 checkpoint()
             if (n + 1) % max(1, args.realistic // 5) == 0:
                 print(f"realistic {n + 1:>8,} events  RSS {status_kb()['VmRSS'] / 1024:7.1f} MB  cached records "
-                      f"{view_module.cache_budget().cached():>8,}  timers "
+                      f"{view_module.cache_budget().cached_records():>8,}  timers "
                       f"{sum(v.pending_timer_count() for v in views):,}", flush=True)
         checkpoint()
         print(f"realistic events added {(status_kb()['VmRSS'] - fill_rss) / 1024:+.1f} MB", flush=True)
@@ -156,7 +156,7 @@ def main() -> int:
             rocks["write buffer manager usage"] = store_module._shared["write_buffers"].get_usage()
     print(f"end: {children:,} children, {events:,} events in {time.perf_counter() - started:.0f} s; "
           f"RSS {status['VmRSS'] / 1024:.1f} MB, peak {status['VmHWM'] / 1024:.1f} MB; "
-          f"cache budget {view_module.cache_budget().records:,} records")
+          f"cache budget {view_module.cache_budget().bytes >> 20} MB (estimated)")
     for prop, value in rocks.items():
         print(f"  {prop}: {value if isinstance(value, str) else f'{value / 2**20:.1f} MB'}")
     if len(snapshots) == 2:
@@ -167,7 +167,7 @@ def main() -> int:
                 print("     ", line)
     doc = {"children": children, "events": events, "partitions": args.partitions, "store": args.store,
            "checkpoint_events": args.checkpoint_events, "rss_mb": round(status["VmRSS"] / 1024, 1),
-           "peak_rss_mb": round(status["VmHWM"] / 1024, 1), "cache_records": view_module.cache_budget().records,
+           "peak_rss_mb": round(status["VmHWM"] / 1024, 1), "view_cache_mb": view_module.cache_budget().bytes >> 20,
            "rocksdb": rocks, "curve": curve}
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")

@@ -329,8 +329,12 @@ def patched(plan: Plan, broker: Broker, stores: dict[int, MemoryStore]):
          processor_mod.FENCE_BACKOFF_S) = saved
 
 
+# Checkpoints come at random between batches (`checkpoint_rate`), and within a batch right after an event that
+# leaves this many records buffered in its partition (Processor._fold_batch), so that a checkpoint failing there
+# must also drop the rest of its batch.
+SIM_COMMIT_RECORDS = 60
 CONFIG = ProcessorConfig(bootstrap_servers="sim:0", worker_slot="sim", tick_interval_ms=0, commit_events=10**9,
-                         commit_interval_ms=10**9)
+                         commit_interval_ms=10**9, commit_records=SIM_COMMIT_RECORDS)
 
 
 def simulate(inputs: dict[int, list[bytes]], plan: Plan, checkpoint_rate: float, max_incarnations: int = 200
@@ -362,11 +366,17 @@ def _incarnation(processor: Processor, broker: Broker, plan: Plan, checkpoint_ra
     processor._on_assign(consumer, [TopicPartition("branch-events", p) for p in sorted(broker.inputs)])
     for task in processor.tasks.values():  # librdkafka starts an assigned partition at its committed offset
         consumer.seek(TopicPartition("branch-events", task.partition, task.committed_position))
+    fold = processor._fold
+
+    def fold_then_maybe_crash(message):
+        task = fold(message)
+        if plan.take("crash_between_folds"):
+            raise SimCrash("between folds")
+        return task
+
+    processor._fold = fold_then_maybe_crash
     while True:
-        for message in consumer.consume(rng.randint(1, 12)):
-            processor._fold(message)
-            if plan.take("crash_between_folds"):
-                raise SimCrash("between folds")
+        processor._fold_batch(consumer.consume(rng.randint(1, 12)))
         if rng.random() < checkpoint_rate or consumer.done():
             processor.checkpoint()
         if consumer.done() and not any(t.has_work() for t in processor.tasks.values()) and all(

@@ -276,6 +276,7 @@ class Fold:
             "ledger_time_ms": ctx.now_ms,
         }
         out.results.append(result)
+        self.view.end_event()  # between events: the view may now trim its cache
         return result
 
     def _apply_once(self, ctx: EventContext) -> tuple[str, str]:

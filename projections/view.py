@@ -6,12 +6,16 @@ transaction (see processors/checkpoint.py): `changes()` encodes the dirty record
 the store batch, `mark_committed()` forgets them once written, `discard()` throws away everything not
 committed (a transaction abort, a crash simulation, a restore).
 
-The cache is bounded process-wide, not per view: every view of a process shares one `CacheBudget` (a
-number of decoded records, `DEFAULT_CACHE_RECORDS` unless `set_cache_budget` says otherwise). When a view
-has committed a checkpoint and the views together hold more than the budget, each view with nothing
-uncommitted is trimmed to its share (the budget divided by the number of views), oldest entries first. A
-process owning 8 partitions or 64 holds the same number of records. Eviction is invisible to the fold:
-only committed records are evicted, and the store returns the same bytes for them.
+The cache is bounded in bytes, process-wide: every view of a process shares one `CacheBudget`
+(`DEFAULT_CACHE_BYTES` unless `set_cache_budget` says otherwise), and each view keeps its share of it (the
+budget divided by the number of views). A record's cost is estimated from its encoded size (`decoded_size`),
+so a parent of 64 children counts five times a child, as it weighs in memory. Whenever a view holds more
+than its share after an event (`end_event`, which the fold calls) or after a checkpoint, it forgets the
+records it cached first: a committed record is dropped (the store has it); a record changed since the last
+commit is first encoded into the checkpoint's changes ("spilled"), where a later read finds it. So memory
+stays bounded even within a checkpoint that touches more records than the cache holds (a partition's first
+tick rebasing every lease, a burst of expiries), and eviction is invisible to the fold: a record read again
+decodes to what was evicted. Only between events: during one, the fold holds the records it works on.
 
 Timers (lease and reconciliation deadlines) are also kept in memory as a heap, loaded from the store when
 the view opens, so a tick finds what is due without scanning storage. A timer is deleted when it fires;
@@ -22,7 +26,6 @@ from __future__ import annotations
 
 import heapq
 import weakref
-from itertools import islice
 from typing import Callable
 
 from projections import keys, model
@@ -37,45 +40,66 @@ IDEMPOTENCY_RECORD = "IdempotencyRecord"
 TIMER_RECORD = "TimerRecord"
 META_RECORD = "PartitionMeta"
 
-# Decoded records cached by all the views of a process together. A cached record costs about 0.85 KB as
-# Python objects (a reserved child is two records: the child and its idempotency record), so 100k records
-# are ~85 MB of RSS, whatever the ledger's size and the number of partitions the process owns.
-DEFAULT_CACHE_RECORDS = 100_000
+# Estimated memory of the decoded records cached by all the views of a process together: with the ledger's
+# RocksDB block cache (projections/store.py), what bounds the processor's memory whatever the ledger's size.
+DEFAULT_CACHE_BYTES = 96 * 1024 * 1024
+
+# Bytes of memory per encoded byte, by record kind (the key's first byte), measured with tracemalloc on decoded
+# records of the benchmark's workloads: a parent 13.5-15 (its children's ids are many small strings), a child
+# 10.4, an idempotency record 3.7. Plus what any cached entry costs beyond its record: its key, its slots in
+# the cache and the size table, the allocator's slack. Calibrated on RSS: 812k cached records of the ledger
+# fill (children and their idempotency records) took 787 MB, 0.97 KB each, estimated at 0.94.
+_BYTES_PER_ENCODED_BYTE = {keys.PARENT[0]: 16, keys.CHILD[0]: 11, keys.IDEMPOTENCY[0]: 4}
+_ENTRY_BYTES = 400
+# A record put before it was ever encoded (a new child): estimated at the next checkpoint, which encodes it.
+_NEW_RECORD_BYTES = 1024
+
+
+def decoded_size(key: bytes, encoded_bytes: int) -> int:
+    """Estimated memory of the cached record under `key` whose encoding is `encoded_bytes` long."""
+    return _BYTES_PER_ENCODED_BYTE.get(key[0], 16) * encoded_bytes + _ENTRY_BYTES
 
 
 class CacheBudget:
-    """How many decoded records the LedgerViews sharing it may cache, all together."""
+    """How many bytes of decoded records the LedgerViews sharing it may cache, all together (estimated by
+    `decoded_size`); each view keeps to its share."""
 
-    def __init__(self, records: int) -> None:
-        self.records = records
+    def __init__(self, size_bytes: int) -> None:
+        if size_bytes < 0:
+            raise ValueError(f"cache budget must be >= 0 bytes, not {size_bytes}")
+        self.bytes = size_bytes
         self._views: weakref.WeakSet[LedgerView] = weakref.WeakSet()
+        self.share = size_bytes
 
     def add(self, view: LedgerView) -> None:
         self._views.add(view)
+        self._reshare()
 
-    def cached(self) -> int:
+    def _reshare(self) -> None:
+        self.share = self.bytes // max(len(self._views), 1)
+
+    def cached_bytes(self) -> int:
+        return sum(view.cached_bytes for view in list(self._views))
+
+    def cached_records(self) -> int:
         return sum(len(view._cache) for view in list(self._views))
 
     def enforce(self) -> None:
-        """If the views hold more than the budget, trim each one over its share that has nothing
-        uncommitted (a view between two checkpoints keeps what its uncommitted events may still use)."""
-        views = list(self._views)
-        if not views or sum(len(view._cache) for view in views) <= self.records:
-            return
-        share = self.records // len(views)
-        for view in views:
-            if not view._dirty and len(view._cache) > share:
-                view._evict(len(view._cache) - share)
+        """Trim every view holding more than its share (between events only: see LedgerView.end_event)."""
+        self._reshare()
+        for view in list(self._views):
+            view.end_event()
 
 
-_process_budget = CacheBudget(DEFAULT_CACHE_RECORDS)
+_process_budget = CacheBudget(DEFAULT_CACHE_BYTES)
 
 
-def set_cache_budget(records: int) -> None:
-    """The process-wide bound on cached records (every view, present and future, shares it)."""
-    if records < 0:
-        raise ValueError(f"cache budget must be >= 0 records, not {records}")
-    _process_budget.records = records
+def set_cache_budget(size_bytes: int) -> None:
+    """The process-wide bound on cached records, in estimated bytes (every view, present and future, shares
+    it)."""
+    if size_bytes < 0:
+        raise ValueError(f"cache budget must be >= 0 bytes, not {size_bytes}")
+    _process_budget.bytes = size_bytes
     _process_budget.enforce()
 
 
@@ -83,6 +107,8 @@ def cache_budget() -> CacheBudget:
     return _process_budget
 
 Timer = tuple[int, str, str, str]  # (deadline_ms, kind, parent_id, child_id): heap order = firing order
+
+_ABSENT = object()
 
 
 def parse_timer_key(key: bytes) -> Timer:
@@ -95,8 +121,12 @@ class LedgerView:
         self.store = store
         self._encode = encode
         self._decode = decode
-        self._cache: dict[bytes, dict | None] = {}
-        self._dirty: dict[bytes, tuple[str, dict] | None] = {}
+        self._cache: dict[bytes, dict | None] = {}  # in the order first cached: the oldest are evicted first
+        self._sizes: dict[bytes, int] = {}  # estimated bytes of each cached entry
+        self.cached_bytes = 0
+        # Changed since the last commit, in the order first changed: (record name, the record or, once
+        # spilled or for a timer, its encoding), or None for a delete.
+        self._dirty: dict[bytes, tuple[str, dict | bytes] | None] = {}
         self._timers: list[Timer] = []
         self.meta: dict = model.new_meta()
         self._budget = _process_budget if budget is None else budget
@@ -113,14 +143,26 @@ class LedgerView:
         try:
             return self._cache[key]
         except KeyError:
-            raw = self.store.get(key)
-            record = None if raw is None else self._decode(raw)[1]
-            self._cache[key] = record
-            return record
+            pass
+        entry = self._dirty.get(key, _ABSENT)
+        raw = self.store.get(key) if entry is _ABSENT else None if entry is None else entry[1]
+        name, record = (None, None) if raw is None else self._decode(raw)
+        self._cache[key] = record
+        self._charge(key, _ENTRY_BYTES if raw is None else decoded_size(key, len(raw)))
+        if record is not None and entry is not _ABSENT:
+            self._dirty[key] = (name, record)  # spilled earlier: the record is the change again
+        return record
 
     def _put(self, key: bytes, name: str, record: dict) -> None:
-        self._cache[key] = record
+        cache = self._cache
+        if cache.get(key) is not record:  # a new record: estimated until the checkpoint encodes it
+            cache[key] = record
+            self._charge(key, _NEW_RECORD_BYTES)
         self._dirty[key] = (name, record)
+
+    def _charge(self, key: bytes, size: int) -> None:
+        self.cached_bytes += size - self._sizes.get(key, 0)
+        self._sizes[key] = size
 
     # -- records ------------------------------------------------------------------------------------------
 
@@ -150,8 +192,9 @@ class LedgerView:
     def add_timer(self, deadline_ms: int, kind: str, parent_id: str, child_id: str = "") -> None:
         timer = (deadline_ms, kind, parent_id, child_id)
         heapq.heappush(self._timers, timer)
+        # Encoded at once: a timer never changes, and a tick that rebases every lease adds thousands.
         record = {"kind": kind, "deadline_ms": deadline_ms, "parent_id": parent_id, "child_id": child_id}
-        self._dirty[keys.timer_key(*timer)] = (TIMER_RECORD, record)
+        self._dirty[keys.timer_key(*timer)] = (TIMER_RECORD, self._encode(TIMER_RECORD, record))
 
     def pop_due_timers(self, now_ms: int) -> list[Timer]:
         """Remove and return every timer with deadline <= now_ms, in firing order."""
@@ -165,31 +208,62 @@ class LedgerView:
     def pending_timer_count(self) -> int:
         return len(self._timers)
 
+    # -- memory -------------------------------------------------------------------------------------------
+
+    def end_event(self) -> None:
+        """Between two events: if the cache holds more than this view's share, forget the records cached
+        first (down to 7/8 of the share, so that the next events do not trim again at once)."""
+        if self.cached_bytes > self._budget.share:
+            self._trim(self._budget.share * 7 // 8)
+
+    def _trim(self, target_bytes: int) -> None:
+        cache, sizes, dirty = self._cache, self._sizes, self._dirty
+        evicted = []
+        for key in cache:
+            if self.cached_bytes <= target_bytes:
+                break
+            entry = dirty.get(key)
+            if entry is not None and type(entry[1]) is not bytes:
+                dirty[key] = (entry[0], self._encode(*entry))  # spilled: the change is kept, encoded
+            self.cached_bytes -= sizes.pop(key)
+            evicted.append(key)
+        for key in evicted:
+            del cache[key]
+
     # -- checkpoint ---------------------------------------------------------------------------------------
 
     def has_changes(self) -> bool:
         return bool(self._dirty)
 
+    def change_count(self) -> int:
+        return len(self._dirty)
+
     def changes(self) -> list[Change]:
-        """The checkpoint's changes, encoded, in the order they were first made (deterministic)."""
-        encode = self._encode
-        return [
-            (key, None if entry is None else encode(entry[0], entry[1])) for key, entry in self._dirty.items()
-        ]
+        """The checkpoint's changes, encoded, in the order they were first made (deterministic). The size
+        of each cached record is estimated again from its encoding."""
+        encode, sizes = self._encode, self._sizes
+        changes = []
+        for key, entry in self._dirty.items():
+            if entry is None:
+                changes.append((key, None))
+                continue
+            value = entry[1]
+            if type(value) is not bytes:
+                value = encode(entry[0], value)
+                if key in sizes:
+                    self._charge(key, decoded_size(key, len(value)))
+            changes.append((key, value))
+        return changes
 
     def mark_committed(self) -> None:
-        """The changes are in the store: forget them (and trim the caches if they hold more than the budget)."""
+        """The changes are in the store: forget them (and trim the views holding more than their share)."""
         self._dirty.clear()
         self._budget.enforce()
-
-    def _evict(self, count: int) -> None:
-        """Forget the `count` records cached first (committed records only: the store has them)."""
-        cache = self._cache
-        for key in list(islice(cache, count)):
-            del cache[key]
 
     def discard(self) -> None:
         """Forget everything not committed to the store: the view is as if just opened."""
         self._dirty.clear()
         self._cache.clear()
+        self._sizes.clear()
+        self.cached_bytes = 0
         self._load_uncached_state()

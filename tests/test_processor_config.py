@@ -23,7 +23,7 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_defaults() -> None:
     config = cfg.load(parse(), environ={})
     assert config.commit_interval_ms == 100 and config.group_id == "branch-settlement"
-    assert config.commit_records == 20_000 and config.view_cache_records == 100_000
+    assert config.commit_records == 20_000 and config.view_cache_mb == 96
     assert config.transactional_id.startswith("branch-settlement-")
     assert config.client_config() == {"bootstrap.servers": "127.0.0.1:9092"}
 

@@ -38,7 +38,7 @@ class ProcessorConfig:
     transactional_id_prefix: str = "branch-settlement"
     commit_interval_ms: int = 100
     commit_events: int = 2_000
-    # Output records buffered (all partitions): a burst of expiries commits in slices, not in one huge transaction.
+    # Records buffered (outputs and ledger changes): a burst of expiries commits in slices, not in one huge transaction.
     commit_records: int = 20_000
     # Ticks appended to each owned partition (SPEC §7); 0 turns them off (replaying recorded ticks only).
     tick_interval_ms: int = 1_000
@@ -46,9 +46,10 @@ class ProcessorConfig:
     max_poll_interval_ms: int = 60_000
     transaction_timeout_ms: int = 30_000
     metrics_port: int = 0
-    # Decoded ledger records kept in memory by the whole process, every partition together (RocksDB holds the
-    # rest): what bounds the processor's memory whatever the size of the ledger.
-    view_cache_records: int = 100_000
+    # Decoded ledger records kept in memory by the whole process, every partition together, in MB as estimated
+    # from their encoded size (RocksDB holds the rest): what bounds the processor's memory whatever the size of
+    # the ledger, and whatever one checkpoint touches.
+    view_cache_mb: int = 96
     log_level: str = "INFO"
     kafka: Mapping[str, str] = field(default_factory=dict)
 
@@ -66,7 +67,7 @@ class ProcessorConfig:
                      "max_poll_interval_ms", "transaction_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("tick_interval_ms", "metrics_port", "view_cache_records"):
+        for name in ("tick_interval_ms", "metrics_port", "view_cache_mb"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.worker_slot or not self.group_id:
@@ -82,10 +83,11 @@ HELP = {
     "state_dir": "directory of the RocksDB projections, one per input partition",
     "worker_slot": "stable id of this worker slot (host name, pod ordinal); part of transactional.id",
     "transactional_id_prefix": "transactional.id = TOPIC_PREFIX + PREFIX-WORKER_SLOT",
-    "commit_records": "checkpoint once this many output records are buffered (bounds a transaction and its memory)",
+    "commit_records": "checkpoint once this many records (outputs and ledger changes) are buffered, right after "
+                      "the event that buffered them (bounds a transaction and its memory)",
     "commit_interval_ms": "checkpoint (commit the transaction) at least this often while events flow",
-    "view_cache_records": "decoded ledger records cached by the whole process, all partitions together "
-                          "(about 1 KB each; bounds memory, RocksDB holds the rest)",
+    "view_cache_mb": "MB of decoded ledger records cached by the whole process, all partitions together "
+                     "(estimated from their encoded size; bounds memory, RocksDB holds the rest)",
     "commit_events": "checkpoint after this many events, whatever the interval",
     "tick_interval_ms": "append a Tick to each owned partition this often; 0 = never",
     "session_timeout_ms": "consumer group session timeout",

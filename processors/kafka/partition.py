@@ -62,6 +62,10 @@ class PartitionTask:
     def has_work(self) -> bool:
         return self.position is not None or bool(self.records)
 
+    def buffered(self) -> int:
+        """Records the next checkpoint will produce for this partition: outputs and ledger changes."""
+        return len(self.records) + self.view.change_count()
+
     def apply(self, event: dict, offset: int) -> dict:
         """Fold one event and encode its outputs at once, in input order: the checkpoint then only produces
         (shorter transactions), and each output partition carries its records in input order. An encoding

@@ -45,7 +45,7 @@ class Processor:
                  metrics: Metrics | None = None, clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.topics = topics
-        view.set_cache_budget(config.view_cache_records)
+        view.set_cache_budget(config.view_cache_mb * 1024 * 1024)
         self.codec = codec or default_codec()
         self.metrics = metrics or Metrics()
         self.clock = clock
@@ -252,27 +252,35 @@ class Processor:
         if self._has_work():  # never wait for input past the checkpoint's due time
             due = self.last_checkpoint + self.config.commit_interval_ms / 1000
             timeout = min(IDLE_POLL_S, max(due - time.monotonic(), 0.0))
-        messages = self.consumer.consume(num_messages=CONSUME_BATCH, timeout=timeout)
-        for message in messages:
-            self._fold(message)
+        self._fold_batch(self.consumer.consume(num_messages=CONSUME_BATCH, timeout=timeout))
         self._schedule_ticks()
         if self._checkpoint_due():
             self.checkpoint()
 
-    def _fold(self, message) -> None:
+    def _fold_batch(self, messages: list) -> None:
+        for message in messages:
+            task = self._fold(message)
+            # One event may buffer thousands of records (a tick rebasing or expiring many leases): checkpoint
+            # right after it rather than after the batch. If that checkpoint did not commit, the consumer was
+            # rewound (or the partitions reloaded), and the rest of this batch will be consumed again.
+            if task is not None and task.buffered() >= self.config.commit_records and not self.checkpoint():
+                return
+
+    def _fold(self, message) -> PartitionTask | None:
+        """Fold one consumed message into its partition's task; that task, or None if nothing was folded."""
         err = message.error()
         if err is not None:
             if err.fatal():
                 raise KafkaException(err)
             if err.code() != KafkaError._PARTITION_EOF:
                 log.warning("consumer: %s (%s)", err.str(), err.name())
-            return
+            return None
         task = self.tasks.get(message.partition())
         if task is None or task.stopped:
-            return
+            return None
         offset = message.offset()
         if offset < task.next_offset:
-            return  # already folded since the last commit (redelivered around a rebalance or rewind)
+            return None  # already folded since the last commit (redelivered around a rebalance or rewind)
         task.next_offset = offset + 1
         try:
             event = self.codec.decode_event(message.value() or b"")
@@ -286,7 +294,7 @@ class Processor:
                 result = task.apply(event, offset)
             except Exception as failure:  # an InvariantViolation, or any other bug in the fold
                 self._stop_partition(task, failure)
-                return
+                return None
             code = result["result"]
             counter = self._event_counters.get(code)
             if counter is None:
@@ -294,6 +302,7 @@ class Processor:
             counter.inc()
         task.position = offset + 1
         self.events_since_checkpoint += 1
+        return task
 
     def _stop_partition(self, task: PartitionTask, violation: Exception) -> None:
         """A bug, not bad input: stop this partition (the others go on), keep its committed state, say so.
@@ -329,7 +338,7 @@ class Processor:
             return False
         if self.events_since_checkpoint >= self.config.commit_events:
             return True
-        if sum(len(task.records) for task in self.tasks.values()) >= self.config.commit_records:
+        if sum(task.buffered() for task in self.tasks.values()) >= self.config.commit_records:
             return True
         return (time.monotonic() - self.last_checkpoint) * 1000 >= self.config.commit_interval_ms
 

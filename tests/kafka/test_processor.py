@@ -115,9 +115,10 @@ def test_workload_with_duplicates_matches_the_offline_fold(kafka_topics, tmp_pat
                                                                       if l["parents"]}
 
 
-def test_checkpoints_by_buffered_output_records(kafka_topics, tmp_path: Path) -> None:
-    """With the event count out of reach and a long interval (which commits the tail), the buffered output
-    records trigger the checkpoints while the backlog lasts: small transactions, the same outputs."""
+def test_checkpoints_by_buffered_records(kafka_topics, tmp_path: Path) -> None:
+    """With the event count out of reach and a long interval (which commits the tail), the buffered records
+    (outputs and ledger changes) trigger the checkpoints while the backlog lasts, mid-batch too: small
+    transactions, the same outputs."""
     expected = produce_workload(kafka_topics, tmp_path, 3_000, seed=18)
     proc = ProcessorProcess(kafka_topics, tmp_path / "state", tmp_path / "run.log", slot="a", group="g",
                             extra_args=("--commit-interval-ms", "5000", "--commit-events", "1000000",
@@ -127,8 +128,8 @@ def test_checkpoints_by_buffered_output_records(kafka_topics, tmp_path: Path) ->
     finally:
         assert proc.stop() == 0, proc.output()[-3000:]
     events = [int(n) for n in re.findall(r"checkpoint committed: (\d+) events", proc.output())]
-    # Checked after each consume batch (at most 500 records): without the trigger, a checkpoint would take
-    # everything of 5 s, the whole backlog.
+    # Checked after each event and each consume batch (at most 500 records): without the trigger, a checkpoint
+    # would take everything of 5 s, the whole backlog.
     assert len(events) >= 5 and max(events) <= 500, events
     assert_exactly_once(kafka_topics)
 
