@@ -54,7 +54,7 @@ def markdown(doc: dict) -> str:
         f"{m['librdkafka']}, {doc['kafka']} (shared); load average {m['load_avg_at_start'][0]:.1f} at start, "
         f"{doc['load_avg_at_end'][0]:.1f} at end.",
         "",
-        f"Processor memory settings (defaults): view cache {doc['settings']['cache_records']:,} records for the "
+        f"Processor memory settings (defaults): view cache {doc['settings']['view_cache_mb']} MB (estimated) for the "
         f"whole process; RocksDB block cache {doc['settings']['rocksdb_cache_mb']} MB shared by every partition, "
         f"memtables {doc['settings']['rocksdb_write_buffers_mb']} MB in all (charged to that cache).",
         "",

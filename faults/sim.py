@@ -63,6 +63,11 @@ class SimCrash(BaseException):
     """The simulated process died here (BaseException: nothing in the processor may catch it)."""
 
 
+class PartitionStopped(Exception):
+    """The processor stopped a partition (a bug in the fold, or state the log does not have): the run would
+    wait for a fix forever. Reported with its seed."""
+
+
 # -- the simulated broker -----------------------------------------------------------------------------------
 
 
@@ -133,6 +138,9 @@ class FakeProducer:
         self.plan = plan
         self.epoch = broker.init_producer()
         self.deliveries: list = []
+        # A delivery failed in this transaction: like librdkafka, the transaction is then in the abortable
+        # error state, and sending offsets or committing says so, whether or not a callback saw the failure.
+        self.txn_failed = False
 
     def _fenced(self) -> bool:
         return self.epoch != self.broker.epoch
@@ -141,6 +149,7 @@ class FakeProducer:
         if self._fenced():
             _raise(KafkaError._FENCED, fatal=True)
         self.broker.open_txn = {"epoch": self.epoch, "entries": [], "offsets": {}}
+        self.txn_failed = False
 
     def produce(self, topic, value=None, key=None, partition=None, on_delivery=None) -> None:
         log = self.broker.log(topic, partition)
@@ -153,6 +162,7 @@ class FakeProducer:
 
     def flush(self, timeout=None) -> int:
         failure = self.plan.take("delivery_failed")
+        self.txn_failed = self.txn_failed or (failure and bool(self.deliveries))
         for callback, msg in self.deliveries:
             if callback is not None:
                 callback(KafkaError(KafkaError._MSG_TIMED_OUT, "simulated") if failure else None, msg)
@@ -165,6 +175,8 @@ class FakeProducer:
             _raise(KafkaError._FENCED, fatal=True)
         if self._fenced():
             _raise(KafkaError._FENCED, fatal=True)
+        if self.txn_failed:
+            _raise(KafkaError._MSG_TIMED_OUT, txn_requires_abort=True)
         if self.plan.take("send_offsets_timed_out"):
             _raise(KafkaError._TIMED_OUT, retriable=True)  # a coordinator that does not answer in time
         self.broker.open_txn["offsets"] = {tp.partition: tp.offset for tp in offsets}
@@ -172,6 +184,8 @@ class FakeProducer:
     def commit_transaction(self, timeout=None) -> None:
         if self._fenced():
             _raise(KafkaError._FENCED, fatal=True)
+        if self.txn_failed:
+            _raise(KafkaError._MSG_TIMED_OUT, txn_requires_abort=True)
         if self.plan.take("commit_retriable"):
             _raise(KafkaError._TIMED_OUT, retriable=True)
         if self.plan.take("commit_requires_abort"):
@@ -316,17 +330,18 @@ def partition_inputs(seed: int, events: int) -> tuple[dict[int, list[bytes]], Co
 @contextlib.contextmanager
 def patched(plan: Plan, broker: Broker, stores: dict[int, MemoryStore]):
     saved = (kafka_faults.crash_point, kafka_faults.pause_point, restore_mod.Consumer, processor_mod.open_store,
-             processor_mod.FENCE_BACKOFF_S)
+             processor_mod.delete_store, processor_mod.FENCE_BACKOFF_S)
     kafka_faults.crash_point = plan.crash_point
     kafka_faults.pause_point = plan.pause_point
     restore_mod.Consumer = lambda config: RestoreConsumer(broker)
     processor_mod.open_store = lambda state_dir, group, p: stores.setdefault(p, MemoryStore())
+    processor_mod.delete_store = lambda state_dir, group, p: stores.pop(p, None)
     processor_mod.FENCE_BACKOFF_S = 0.0
     try:
         yield
     finally:
         (kafka_faults.crash_point, kafka_faults.pause_point, restore_mod.Consumer, processor_mod.open_store,
-         processor_mod.FENCE_BACKOFF_S) = saved
+         processor_mod.delete_store, processor_mod.FENCE_BACKOFF_S) = saved
 
 
 # Checkpoints come at random between batches (`checkpoint_rate`), and within a batch right after an event that
@@ -377,6 +392,9 @@ def _incarnation(processor: Processor, broker: Broker, plan: Plan, checkpoint_ra
     processor._fold = fold_then_maybe_crash
     while True:
         processor._fold_batch(consumer.consume(rng.randint(1, 12)))
+        stopped = [t for t in processor.tasks.values() if t.stopped]
+        if stopped:  # an invariant violation: the partition would wait for a fix forever
+            raise PartitionStopped(f"partition {stopped[0].partition} stopped: {stopped[0].stopped}")
         if rng.random() < checkpoint_rate or consumer.done():
             processor.checkpoint()
         if consumer.done() and not any(t.has_work() for t in processor.tasks.values()) and all(

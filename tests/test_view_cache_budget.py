@@ -131,22 +131,25 @@ def test_one_tick_touching_every_parent_spills_its_changes_and_changes_nothing()
     assert most_cached <= budget.share
 
 
+def new_parent(parent_id: str) -> dict:
+    return {"parent_id": parent_id, "status": "open", "outcome": None, "lease_expires_at_ms": 5,
+            "max_live_children": 4, "reconciliation_timeout_ms": 10, "lending_limit": {}, "live_children": 0,
+            "open_children": 0, "children": ["c1", "c2"], "winners": {}, "dimensions": {}}
+
+
 def test_a_spilled_change_is_read_back_and_committed_as_it_was() -> None:
     codec = default_codec()
     budget = CacheBudget(10**12)
     view = LedgerView(MemoryStore(), codec.encode, codec.decode, budget)
-    parent = {"parent_id": "P", "status": "open", "outcome": None, "lease_expires_at_ms": 5, "max_live_children": 4,
-              "reconciliation_timeout_ms": 10, "lending_limit": {}, "live_children": 0, "open_children": 0,
-              "children": ["c1", "c2"], "winners": {}, "dimensions": {}}
+    parent = new_parent("P")
     view.put_parent(parent)
-    encoded = codec.encode("LedgerParent", parent)
     budget.bytes = 0
     budget.enforce()  # between events: the uncommitted parent is spilled, not lost
     assert view.cached_bytes == 0 and not view._cache
-    assert view.changes() == [(b"p\x00P", encoded)]
     again = view.parent("P")
     assert again == parent and again is not parent
-    again["live_children"] = 1  # changed in place, as the fold does: the change is what gets committed
+    again["live_children"] = 1  # changed in place (and put, as the fold does): that is what gets committed
+    view.put_parent(again)
     assert view.changes() == [(b"p\x00P", codec.encode("LedgerParent", again))]
 
 

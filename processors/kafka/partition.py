@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from processors.fold import Fold
@@ -144,6 +145,10 @@ class PartitionTask:
                 self._add(self.capacity, self.codec.decode(old)[1], -1)
             if value is not None:
                 self._add(self.capacity, self.codec.decode(value)[1], 1)
+
+
+def delete_store(state_dir: str, group_id: str, partition: int) -> None:
+    shutil.rmtree(store_path(state_dir, group_id, partition))
 
 
 def open_store(state_dir: str, group_id: str, partition: int) -> RocksStore:

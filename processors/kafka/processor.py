@@ -9,7 +9,6 @@ offsets in one Kafka transaction (processors/kafka/checkpoint.py); only then is 
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from typing import Callable
 
@@ -21,7 +20,7 @@ from processors.kafka.checkpoint import (CommitOutcomeUnknown, FatalProducerErro
 from processors.kafka.errors import KafkaFailure
 from processors.kafka.config import ProcessorConfig
 from processors.kafka.metrics import Metrics
-from processors.kafka.partition import PartitionTask, input_position, open_store, store_path
+from processors.kafka.partition import PartitionTask, delete_store, input_position, open_store, store_path
 from processors.kafka.restore import restore
 from processors.kafka.txn_guard import TransactionCallStuck, bounded, check_stuck_budget, stuck_calls
 from projections import view
@@ -140,7 +139,7 @@ class Processor:
                   "transaction acknowledged as committed was lost by the broker): rebuilding %s from the "
                   "changelog", partition, position, committed_offset, path)
         store.close()
-        shutil.rmtree(path)
+        delete_store(self.config.state_dir, self.config.group_id, partition)
         self.metrics.projection_rebuilds.inc()
         return open_store(self.config.state_dir, self.config.group_id, partition)
 
@@ -384,8 +383,8 @@ class Processor:
                 self.metrics.releases.labels(dimension, destination).inc(quantity)
             self.fence_retries = 0
             self._update_gauges()
-            log.debug("checkpoint committed: %d events, %d records, %.1f ms", result.events, result.records,
-                      elapsed * 1000)
+            log.debug("checkpoint committed: %d events, %d records, %.1f ms (%s)", result.events, result.records,
+                      elapsed * 1000, result.describe_phases())
         return committed
 
     def _call_timeout_s(self) -> float:

@@ -48,18 +48,18 @@ def test_a_broker_that_commits_offsets_without_the_records_is_caught(monkeypatch
 
 
 def test_a_projection_written_before_the_commit_is_caught(monkeypatch) -> None:
-    """The faust anti-pattern (decisions.md #1): write the store batch when the checkpoint is encoded,
-    before the transaction commits. A crash before the commit then leaves state the log does not have; the
-    processor's restore refuses such a projection, and the simulation reports the seed."""
+    """The faust anti-pattern (decisions.md #1): write the store batch when the checkpoint is encoded, before
+    the transaction commits. An abort then leaves state the log does not have, which the processor folds on
+    from; the simulation reports the seed."""
     import processors.kafka.checkpoint as checkpoint
 
     encode = checkpoint.encode_checkpoint
 
-    def eager(tasks, ticks, topics, codec):
-        records, changes = encode(tasks, ticks, topics, codec)
+    def eager(tasks, ticks, topics):
+        count, changes = encode(tasks, ticks, topics)
         for task in tasks:
             task.store.write(changes[task.partition], task.store.changelog_offset())
-        return records, changes
+        return count, changes
 
     monkeypatch.setattr(checkpoint, "encode_checkpoint", eager)
     with pytest.raises(AssertionError, match=r"seed \d+ \(reproduce"):
