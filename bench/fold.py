@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from processors import gc_tuning  # noqa: E402
 from processors.fold import Fold  # noqa: E402
 from processors.outputs import Outputs  # noqa: E402
 from processors.replay import open_view  # noqa: E402
@@ -69,6 +70,7 @@ def run(events: list[dict], store, checkpoint_events: int, avro: bool) -> tuple[
             out.clear()
             store.write(view.changes(), offset)
             view.mark_committed()
+            gc_tuning.after_checkpoint()  # as the processor does
     return time.perf_counter() - started, time.process_time() - cpu_started, produced
 
 
@@ -78,7 +80,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--checkpoint-events", type=int, default=1_000)
     parser.add_argument("--repeat", type=int, default=1, help="runs per figure; the fastest is reported")
+    parser.add_argument("--default-gc", action="store_true",
+                        help="leave the cyclic collector as CPython sets it (no freezing at checkpoints)")
     args = parser.parse_args()
+    gc_tuning.enabled = not args.default_gc
     events = workload(args.seed, args.events)
     figures = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -103,7 +108,8 @@ def main() -> None:
     load = os.getloadavg()[0]
     report = {"benchmark": "fold", "git_commit": commit, "events": len(events), "seed": args.seed,
               "load_average_at_end": round(load, 2),
-              "checkpoint_events": args.checkpoint_events, "repeat": args.repeat, "python": platform.python_version(),
+              "checkpoint_events": args.checkpoint_events, "repeat": args.repeat, "default_gc": args.default_gc,
+              "python": platform.python_version(),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores", "figures": figures}
     target = Path(__file__).resolve().parent / "results" / "fold.json"
     target.write_text(json.dumps(report, indent=2) + "\n")

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 import processors.kafka.faults as kafka_faults
+from processors import gc_tuning
 import processors.kafka.processor as processor_mod
 import processors.kafka.restore as restore_mod
 from faults.workload import build
@@ -511,10 +512,14 @@ def run_many(runs: int, first_seed: int = 0, events: int = 60) -> dict:
     """Many runs; stops at the first failure (its message names the seed). The processor's own logging is
     silenced meanwhile: it logs every simulated fault."""
     logging.disable(logging.CRITICAL)
+    # Thousands of processors, each a reference cycle, and offline replays: left to the cyclic collector as
+    # it comes (freezing survivors would keep them all until a full collection).
+    saved, gc_tuning.enabled = gc_tuning.enabled, False
     try:
         return _run_many(runs, first_seed, events)
     finally:
         logging.disable(logging.NOTSET)
+        gc_tuning.enabled = saved
 
 
 def _run_many(runs: int, first_seed: int, events: int) -> dict:

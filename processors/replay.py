@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from processors import gc_tuning
 from processors.fold import Fold
 from processors.outputs import Outputs
 from projections import keys, model
@@ -214,6 +215,9 @@ class Replayer:
 def _checkpoint(view: LedgerView, store: Store, offset: int) -> None:
     store.write(view.changes(), offset)
     view.mark_committed()
+    # The derived outputs and the cached ledger only grow or are freed by reference counting: out of the cyclic
+    # collector's sight, its collections stay short (processors/gc_tuning.py).
+    gc_tuning.after_checkpoint()
 
 
 def ledger_snapshot(store: Store, codec: Codec) -> dict:

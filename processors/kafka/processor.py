@@ -14,6 +14,7 @@ from typing import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from processors import gc_tuning
 from processors.errors import InvariantViolation
 from processors.kafka.checkpoint import (CommitOutcomeUnknown, FatalProducerError, ProducerFenced,
                                         commit_checkpoint, rewind)
@@ -382,6 +383,7 @@ class Processor:
             for (dimension, destination), quantity in result.released.items():
                 self.metrics.releases.labels(dimension, destination).inc(quantity)
             self.fence_retries = 0
+            gc_tuning.after_checkpoint()
             self._update_gauges()
             log.debug("checkpoint committed: %d events, %d records, %.1f ms (%s)", result.events, result.records,
                       elapsed * 1000, result.describe_phases())
