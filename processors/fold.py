@@ -317,6 +317,9 @@ class Fold:
         ctx.now_ms = now_ms
         if first_tick:
             rebase_timers(ctx, self.view, now_ms)
+        marks, out = ctx.out.timer_marks, ctx.out
         for timer in self.view.pop_due_timers(now_ms):
+            if marks is not None:
+                marks.append((timer, len(out.releases), len(out.audits), len(out.settled)))
             fire_timer(ctx, self.view, *timer)
         return r.OK, ""

@@ -250,7 +250,12 @@ def child_entry(child: dict) -> tuple[str, dict]:
 
 def replay_document(result: ReplayResult, store: Store, codec: Codec) -> dict:
     """The whole replay as one JSON document (SPEC §12 `settle replay --json`), in a stable order."""
-    doc = ledger_snapshot(store, codec)
+    return document(result, ledger_snapshot(store, codec))
+
+
+def document(result: ReplayResult, ledger: dict) -> dict:
+    """`replay_document` of a ledger already snapshotted."""
+    doc = dict(ledger)
     doc["results"] = [{"event_id": res["event_id"], "result": res["result"]} for res in result.outputs.results]
     doc["releases"] = [
         {key: rel[key] for key in ("parent_id", "child_id", "dimension", "quantity", "destination", "reason")}

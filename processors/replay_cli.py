@@ -46,8 +46,9 @@ def add_parsers(commands) -> None:
     p.add_argument("--group-id", default=os.environ.get("SETTLE_GROUP_ID", "branch-settlement"),
                    help="the processor's consumer group (default %(default)s)")
     p.add_argument("--jobs", type=int, metavar="N",
-                   help="processes replaying partitions side by side, for --topic and export files (default: one "
-                        "per core, at most one per partition; 1: all in this process)")
+                   help="processes replaying side by side (default: one per core; 1: all in this process): the "
+                        "partitions of --topic and of export files (at most one process per partition), the "
+                        "parents of a JSON Lines file of 1 MB or more (in shards, merged into one fold's output)")
     p.set_defaults(run=run_replay)
 
     e = commands.add_parser(
@@ -105,8 +106,9 @@ def run_replay(args: argparse.Namespace) -> int:
 def _replay_file(args: argparse.Namespace) -> int:
     from processors import partitioned
     from processors import replay as rp
+    from processors import sharded
     from processors.report import print_summary
-    from projections.store import MemoryStore, RocksStore
+    from projections.store import RocksStore
     from schemas.codec import default_codec
 
     if not os.path.isfile(args.file):
@@ -125,17 +127,22 @@ def _replay_file(args: argparse.Namespace) -> int:
         return EXIT_AGREES
     if args.store and os.path.exists(args.store):
         raise SettlementError(f"--store {args.store} already exists: replay folds into a fresh projection")
-    store = RocksStore(args.store) if args.store else MemoryStore()
-    try:
-        # a large file is decoded by a second process while this one folds
-        result, store = rp.replay(rp.read_events_aside(args.file, codec), store, codec=codec,
-                                  checkpoint_events=args.checkpoint_events)
-        if args.json:
-            sys.stdout.write(json.dumps(rp.replay_document(result, store, codec), indent=2, ensure_ascii=False) + "\n")
-        else:
-            print_summary(result, rp.ledger_snapshot(store, codec), sys.stdout)
-    finally:
-        store.close()
+    if args.store:
+        store = RocksStore(args.store)
+        try:
+            # a large file is decoded by a second process while this one folds
+            result, store = rp.replay(rp.read_events_aside(args.file, codec), store, codec=codec,
+                                      checkpoint_events=args.checkpoint_events)
+            ledger = rp.ledger_snapshot(store, codec)
+        finally:
+            store.close()
+    else:
+        # one ledger, folded in parent shards side by side (one process per core): the same bytes out
+        result, ledger = sharded.replay_file(args.file, codec, args.jobs, args.checkpoint_events)
+    if args.json:
+        sys.stdout.write(json.dumps(rp.document(result, ledger), indent=2, ensure_ascii=False) + "\n")
+    else:
+        print_summary(result, ledger, sys.stdout)
     return EXIT_AGREES
 
 

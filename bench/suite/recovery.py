@@ -3,9 +3,9 @@ the same records decoded or consumed with nothing else done. Each measurement ru
 (`python -m bench.suite.recovery KIND ...`, one JSON line on stdout), so no heap or thread of the benchmark
 driver weighs on it.
 
-- file:    `settle replay FILE`'s path (processors.replay over a JSON Lines file, decoded by a second process
-           while this one folds: read_events_aside; in-memory store) vs
-           reading and decoding the same lines into events (processors.replay.read_events);
+- file:    `settle replay FILE`'s path (processors.sharded.replay_file over a JSON Lines file: its parents
+           folded in shards, one process per core, merged into one fold's output) vs
+           reading and decoding the same lines into events in one process (processors.replay.read_events);
 - topic:   `settle replay --topic`'s audit replay (processors.kafka.topic_replay.audit_replay: re-fold the
            input topic, compare every output) vs a raw read_committed consume of the same topics (raw_consume);
 - restore: processors.kafka.restore.restore into empty RocksDB projections, to the group's committed
@@ -25,10 +25,11 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from processors.kafka.restore import restore
 from processors.kafka.topic_replay import OUTPUT_TOPICS, audit_replay
-from processors.replay import read_events, read_events_aside, replay
+from processors.replay import read_events
+from processors.sharded import replay_file
 from processors.replay_cli_ledgers import live_projections
 from projections import keys
-from projections.store import MemoryStore, RocksStore
+from projections.store import RocksStore
 from schemas.codec import default_codec
 
 
@@ -86,10 +87,10 @@ def raw_consume(config: dict, topic: str, partitions: int) -> int:
 
 
 def file_replay(path: str) -> dict:
+    """`settle replay FILE`'s fold (processors.sharded.replay_file: parent shards on every core)."""
     codec = default_codec()
     lines, decode_s, (result, _), replay_s = ceiling_around(
-        lambda: sum(1 for _ in read_events(path, codec)),
-        lambda: replay(read_events_aside(path, codec), MemoryStore(), codec=codec))
+        lambda: sum(1 for _ in read_events(path, codec)), lambda: replay_file(path, codec))
     return {"records": lines, "events": result.events, "dead_letters": len(result.dead_letters),
             "replay_s": round(replay_s, 3), "replay_events_per_s": round(lines / replay_s),
             "replay_cpu_us_per_record": round(measured_cpu_s * 1e6 / lines, 1),
