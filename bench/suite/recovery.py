@@ -24,7 +24,7 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from processors.kafka.restore import restore
-from processors.kafka.topic_replay import OUTPUT_TOPICS, audit_replay
+from processors.kafka.topic_replay import OUTPUT_TOPICS, audit_replay, know_leaders
 from processors.replay import read_events
 from processors.sharded import replay_file
 from processors.replay_cli_ledgers import live_projections
@@ -69,6 +69,7 @@ def raw_consume(config: dict, topic: str, partitions: int) -> int:
                          "isolation.level": "read_committed", "enable.partition.eof": True})
     try:
         pending = set(range(partitions))
+        know_leaders(consumer, [topic])  # as the topic replay does (otherwise 500 ms lost per topic)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
         count = 0
         while pending:

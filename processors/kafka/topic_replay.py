@@ -26,14 +26,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from processors.kafka.errors import KafkaFailure
+from processors.kafka.partition import OUTPUT_ROUTES
 from processors.partitioned import decode_record, gather_workers, stop_workers
 from processors.replay import Input, Replayer, ReplayResult, child_entry, ledger_snapshot, parent_entry
 from projections import keys
 from projections.store import MemoryStore, RocksStore, Store
-from schemas.codec import Codec, CodecError, default_codec
+from schemas.codec import HEADER_SIZE, Codec, CodecError, default_codec
 
 OUTPUT_TOPICS = ("settlement-results", "capacity-releases", "settlement-audit", "branch-events-dlq")
 DERIVED = {  # output topic -> (kind, the Outputs list it is derived from)
@@ -153,6 +155,14 @@ def read_committed(client_config: dict, topic: str, partitions: Iterable[int], s
         consumer.close()
 
 
+def know_leaders(consumer: Consumer, topics: list[str]) -> None:
+    """Fetch the topics' metadata before assigning partitions at a logical offset (the beginning): assigned
+    before its leader is known, a partition's offset query is retried only after 500 ms (librdkafka 2.16,
+    "no current leader for partition: (re)starting offset query timer"), half a second lost by each reader."""
+    for topic in topics:
+        consumer.list_topics(topic, timeout=10)
+
+
 def partitions_of(client_config: dict, topic: str) -> list[int]:
     consumer = Consumer({**client_config, "group.id": GROUP_ID})
     try:
@@ -183,14 +193,6 @@ def read_inputs(client_config: dict, topic: str, partitions: list[int], codec: C
     """The input topic as the processor saw it: per partition, (Input, raw bytes) in offset order."""
     raw = read_committed(client_config, topic, partitions)
     return {p: [decode_record(codec, p, offset, value)[1:] for offset, _, value in recs] for p, recs in raw.items()}
-
-
-def _keyed(kind: str, records: list[dict]) -> Iterable[tuple[tuple, dict]]:
-    counts: dict[int, int] = {}
-    for record in records:
-        n = counts.get(record["input_offset"], 0)
-        counts[record["input_offset"]] = n + 1
-        yield (kind, record["input_offset"], n), record
 
 
 def _keyed_published(rows: list[tuple[int, str, dict]]) -> dict[tuple, tuple[int, dict]]:
@@ -459,11 +461,29 @@ class _Active:
     def __init__(self, p: int, job: _Job, codec: Codec) -> None:
         self.p = p
         self.replayer = Replayer((job.store_factory or MemoryStore)(), codec=codec, partition=p)
-        self.feed = self.replayer.feed
         self.input_end = 0
         self.inputs_done = False
         self.outputs = {t: _Output() for t in OUTPUT_TOPICS}
         self.outputs_left = len(OUTPUT_TOPICS)
+        # What the fold derives, encoded as each event is folded (its ids and numbers are then in the codec's
+        # caches), per output topic in the processor's order; the records themselves only for --json.
+        self.derived: dict[str, list[bytes]] = {topic: [] for topic in DERIVED}
+        self._keep = job.keep_folded
+        self._routes = [(attr, self.derived[topic], codec.encoder(name)) for attr, topic, name in OUTPUT_ROUTES]
+        self._kept = {attr: 0 for attr, _, _ in OUTPUT_ROUTES}
+
+    def feed(self, item: Input) -> None:
+        self.replayer.feed(item)
+        out = self.replayer.result.outputs
+        kept = self._kept
+        for attr, derived, encode in self._routes:
+            records = getattr(out, attr)
+            if len(records) > kept[attr]:
+                derived.extend(map(encode, records[kept[attr]:]))
+                if self._keep:
+                    kept[attr] = len(records)
+                else:
+                    records.clear()
 
 
 def _replay_share(job: _Job, claim: Callable[[], int | None], progress, codec: Codec | None = None
@@ -478,6 +498,8 @@ def _replay_share(job: _Job, claim: Callable[[], int | None], progress, codec: C
     logical = {names[t]: t for t in OUTPUT_TOPICS}
     decode_event = codec.decode_event
     consumer = Consumer({**job.client_config, "group.id": GROUP_ID, **READER_SETTINGS})
+    know_leaders(consumer, [topic, *logical])
+    admin = AdminClient(job.client_config)
     active: dict[int, _Active] = {}
     parts: dict[int, _Partition] = {}
     folded_since_progress = 0
@@ -498,8 +520,8 @@ def _replay_share(job: _Job, claim: Callable[[], int | None], progress, codec: C
         part.inputs_done = True
         if part.input_end > 0:
             consumer.incremental_unassign([TopicPartition(topic, part.p)])
-        for t, out in part.outputs.items():
-            out.set_end(consumer.get_watermark_offsets(TopicPartition(names[t], part.p), timeout=10)[1])
+        for t, end in _stable_ends(admin, [names[t] for t in OUTPUT_TOPICS], part.p).items():
+            part.outputs[logical[t]].set_end(end)
         part.outputs_left = sum(1 for out in part.outputs.values() if not out.done)
 
     try:
@@ -565,7 +587,7 @@ def _finish(part: _Active, job: _Job, codec: Codec) -> _Partition:
     result, store = part.replayer.finish(write_store=job.live is not None or job.keep_folded)
     done = _Partition(events=len(result.dead_letters) + result.events)
     published = {t: out.records for t, out in part.outputs.items()}
-    _compare_partition(p, result, published, codec, job.offset_range, job.names, done)
+    _compare_partition(p, part.derived, result.dead_letters, published, codec, job.offset_range, job.names, done)
     if job.live is not None:
         _compare_ledger(p, store, job.live, codec, done)
     if job.keep_folded:
@@ -574,29 +596,39 @@ def _finish(part: _Active, job: _Job, codec: Codec) -> _Partition:
     return done
 
 
-def _compare_partition(p: int, result: ReplayResult, published: dict, codec: Codec, offset_range: tuple[int, int],
-                       names: dict[str, str], part: _Partition) -> None:
-    """The derived outputs of one partition against the published ones. Published records are compared as
-    bytes with the derived records encoded the same way, in order; only a topic-partition where they differ
-    is decoded and matched record by record (`_diff`), which pinpoints each divergence."""
+def encode_derived(outputs, codec: Codec) -> dict[str, list[bytes]]:
+    """The derived outputs encoded per output topic, in the processor's order (what `_Active.feed` builds as
+    it folds)."""
+    derived: dict[str, list[bytes]] = {topic: [] for topic in DERIVED}
+    for attr, topic, name in OUTPUT_ROUTES:
+        derived[topic].extend(codec.encode(name, record) for record in getattr(outputs, attr))
+    return derived
+
+
+def _compare_partition(p: int, derived: dict[str, list[bytes]], dead_letters: list[dict], published: dict,
+                       codec: Codec, offset_range: tuple[int, int], names: dict[str, str], part: _Partition) -> None:
+    """The derived outputs of one partition (encoded) against the published ones. Published records are
+    compared as bytes with the derived ones, in order; only a topic-partition where they differ is decoded and
+    matched record by record (`_diff`), which pinpoints each divergence."""
     low, high = offset_range
-    for topic, routes in DERIVED.items():
-        derived = [(kind, getattr(result.outputs, attr)) for kind, attr in routes]
+    full = low <= 0 and high >= sys.maxsize
+    for topic in DERIVED:
+        mine = derived[topic]
         rows = published[topic]
         report = Report()
-        if _same_bytes(derived, rows, codec):
-            full = low <= 0 and high >= sys.maxsize
-            report.compared = (sum(len(records) for _, records in derived) if full else
-                               sum(1 for _, records in derived for r in records if low <= r["input_offset"] <= high))
+        if _same_bytes(mine, rows):
+            report.compared = len(mine) if full else sum(
+                1 for value in mine if low <= codec.decode(value)[1]["input_offset"] <= high)
         else:
-            expected = {key: record for kind, records in derived for key, record in _keyed(kind, records)}
+            expected = {key: record for key, (_, record) in _keyed_published(
+                [(None, *codec.decode(value)) for value in mine]).items()}
             decoded = [(offset, *codec.decode(value)) for offset, value in rows]
             _diff(names[topic], p, expected, _keyed_published(decoded), low, high, report)
         part.compared += report.compared
         part.divergences[topic] = report.divergences
     report = Report()
     expected = {("DeadLetter", letter["offset"], 0): {"offset": letter["offset"], "reason": letter["reason"]}
-                for letter in result.dead_letters}
+                for letter in dead_letters}
     found = {}
     for offset, value in published["branch-events-dlq"]:
         letter = codec.decode(value)[1]
@@ -606,34 +638,36 @@ def _compare_partition(p: int, result: ReplayResult, published: dict, codec: Cod
     part.divergences["branch-events-dlq"] = report.divergences
 
 
-def _same_bytes(derived: list[tuple[str, list[dict]]], rows: list[tuple[int, bytes]], codec: Codec) -> bool:
-    """Whether the published values are exactly the derived records, encoded, each kind in its order (kinds
-    interleave as checkpoints cut them; a kind's schema fingerprint heads its bytes, so no record of one
-    kind equals one of another)."""
-    if sum(len(records) for _, records in derived) != len(rows):
+def _same_bytes(derived: list[bytes], rows: list[tuple[int, bytes]]) -> bool:
+    """Whether the published values are exactly the derived records: in the same order, or with their kinds
+    interleaved otherwise but each kind in its order (a processor that wrote each checkpoint's kinds apart; a
+    kind's schema fingerprint heads its bytes, so no record of one kind equals one of another)."""
+    if len(derived) != len(rows):
         return False
-    encode = codec.encode
-    try:
-        if len(derived) == 1:
-            kind, records = derived[0]
-            return all(encode(kind, record) == value for record, (_, value) in zip(records, rows))
-        position = [0] * len(derived)
-        upcoming: list[bytes | None] = [None] * len(derived)
-        for _, value in rows:
-            for i, (kind, records) in enumerate(derived):
-                if position[i] == len(records):
-                    continue
-                if upcoming[i] is None:
-                    upcoming[i] = encode(kind, records[position[i]])
-                if upcoming[i] == value:
-                    position[i] += 1
-                    upcoming[i] = None
-                    break
-            else:
-                return False
+    values = [value for _, value in rows]
+    if values == derived:
         return True
-    except CodecError:
-        return False  # a derived record the codec refuses: the record-by-record comparison says where
+    by_kind: dict[bytes, list[bytes]] = {}
+    for value in derived:
+        by_kind.setdefault(value[:HEADER_SIZE], []).append(value)
+    position = dict.fromkeys(by_kind, 0)
+    for value in values:
+        kind = value[:HEADER_SIZE]
+        records = by_kind.get(kind)
+        if records is None or position[kind] == len(records) or records[position[kind]] != value:
+            return False
+        position[kind] += 1
+    return True
+
+
+def _stable_ends(admin: AdminClient, topics: list[str], partition: int) -> dict[str, int]:
+    """The last stable offset of `partition` of each topic (read_committed), in one request."""
+    request = {TopicPartition(topic, partition): OffsetSpec.latest() for topic in topics}
+    futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=10)
+    try:
+        return {tp.topic: future.result().offset for tp, future in futures.items()}
+    except KafkaException as exc:
+        raise KafkaFailure.wrap(f"end offsets of partition {partition}", exc) from None
 
 
 def _compare_ledger(p: int, store: Store, live, codec: Codec, part: _Partition) -> None:
