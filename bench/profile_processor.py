@@ -48,36 +48,32 @@ def timed(name: str, fn):
     return wrapper
 
 
-class TimedProducer:
-    """The transactional producer with each step of the commit sequence timed."""
+def timed_class(base, steps: tuple[str, ...], prefix: str = "kafka."):
+    """A subclass of a confluent-kafka client whose `steps` are timed. A subclass, not a wrapper: the
+    processor's rebalance callbacks check that the consumer calling them is its own."""
+    namespace = {}
+    for step in steps:
+        def method(self, *args, _step=step, **kwargs):
+            started = time.perf_counter()
+            try:
+                return getattr(base, _step)(self, *args, **kwargs)
+            finally:
+                TIMES[prefix + _step] += time.perf_counter() - started
+                CALLS[prefix + _step] += 1
+        namespace[step] = method
+    return type(f"Timed{base.__name__}", (base,), namespace)
 
-    STEPS = ("begin_transaction", "produce", "flush", "send_offsets_to_transaction", "commit_transaction")
 
-    def __init__(self, producer) -> None:
-        self._producer = producer
-        for step in self.STEPS:
-            setattr(self, step, timed(f"kafka.{step}", getattr(producer, step)))
-
-    def __getattr__(self, name):
-        return getattr(self._producer, name)
-
-
-class TimedConsumer:
-    def __init__(self, consumer) -> None:
-        self._consumer = consumer
-        self.consume = timed("kafka.consume", consumer.consume)
-
-    def __getattr__(self, name):
-        return getattr(self._consumer, name)
+TimedProducer = timed_class(processor_module.Producer, ("begin_transaction", "produce", "flush",
+                                                        "send_offsets_to_transaction", "commit_transaction"))
+TimedConsumer = timed_class(processor_module.Consumer, ("consume",))
 
 
 def instrument(processor) -> None:
     """Wrap the stages of one Processor instance and of the modules it calls."""
     codec = processor.codec
     codec.decode_event = timed("decode (Avro in)", codec.decode_event)
-    original_new_producer, original_new_consumer = processor._new_producer, processor._new_consumer
-    processor._new_producer = lambda: TimedProducer(original_new_producer())
-    processor._new_consumer = lambda: TimedConsumer(original_new_consumer())
+    processor_module.Producer, processor_module.Consumer = TimedProducer, TimedConsumer
     checkpoint_module.encode_checkpoint = timed("encode (Avro out + ledger changes)", checkpoint_module.encode_checkpoint)
     PartitionTask.write_committed = timed("store write (RocksDB batch)", PartitionTask.write_committed)
     original_init = PartitionTask.__init__

@@ -23,6 +23,9 @@ from projections.store import NO_OFFSET, Store
 log = logging.getLogger("settle.restore")
 
 BATCH_RECORDS = 10_000
+# consume(n, timeout) waits out its timeout whenever fewer than n records are fetched: at the end of each
+# changelog partition, which every restore (every assignment) reaches. Short, as the topic replay's.
+IDLE_WAIT_S = 0.05
 RESTORE_TIMEOUT_S = 600.0
 WATERMARK_TIMEOUT_S = 10.0
 
@@ -93,7 +96,7 @@ def _consume(consumer: Consumer, topic: str, stores: dict[int, Store], targets: 
             raise RestoreIncomplete(
                 f"restore of {topic} partitions {sorted(pending)} did not reach the committed input offsets "
                 f"{ {p: targets.get(p) for p in pending} } in {RESTORE_TIMEOUT_S:.0f} s (at {position})")
-        for message in consumer.consume(num_messages=1_000, timeout=1.0):
+        for message in consumer.consume(num_messages=1_000, timeout=IDLE_WAIT_S):
             partition = message.partition()
             err = message.error()
             if err is not None:
