@@ -110,7 +110,7 @@ pid_alive() {
     pid=$(cat "$PID_FILE")
     [[ $pid =~ ^[0-9]+$ ]] || return 1
     # A pid is only ours if that process is a broker on our config: pids are reused after a reboot.
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "kafka.Kafka $CONFIG_FILE" || return 1
+    tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qF -- "kafka.Kafka $CONFIG_FILE" || return 1
     echo "$pid"
 }
 

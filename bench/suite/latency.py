@@ -8,10 +8,17 @@ each result to its event by event_id (in order, for the ids a workload repeats: 
 Tick's copy per partition). Undecodable records are sent too but have no result to wait for.
 
 The system under test is started by the caller: `settle run`, or the pass-through in echo mode (the
-latency ceiling: the same transactions with no fold)."""
+latency ceiling: the same transactions with no fold).
+
+The driver's own cyclic garbage collector is off while it measures (`quiet_gc`): it holds the whole workload
+(1.5M records in a full run) and a deque per event it waits for, and one full collection of that heap took
+560-660 ms here, a stall of the reader thread that showed as the max latency of the processor and of the
+pass-through alike (705 and 842 ms in one run) and as their p99 when it fell inside a level."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import threading
 import time
 from collections import defaultdict, deque
@@ -142,6 +149,22 @@ def drive(producer: Producer, topic: str, records: list[Record], rate: float, wa
     return len(records) / max(time.monotonic() - started, 1e-9)
 
 
+@contextlib.contextmanager
+def quiet_gc():
+    """No cyclic collection in this process meanwhile (what it allocates while measuring holds no cycles
+    worth collecting: records, deques, floats); what existed before is frozen out of later collections."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()
+
+
 def measure(env: Env, topic_set: TopicSet, records: list[Record], rates: list[tuple[float, float]],
             seconds: float, warmup_s: float, start: Callable[[], Child], stop: Callable[[Child], int]) -> list[Level]:
     """`rates`: (load fraction, records per second) per level; the first level's rate also warms up."""
@@ -150,31 +173,32 @@ def measure(env: Env, topic_set: TopicSet, records: list[Record], rates: list[tu
     producer = Producer(producer_config(env.client_config()))
     levels = []
     try:
-        wait_assigned([child], topic_set.partitions)
-        watcher.start()
-        cursor = 0
-        for n, (fraction, rate) in enumerate([rates[0], *rates]):  # pass 0 warms up and is not reported
-            count = int(rate * (warmup_s if n == 0 else seconds))
-            batch = records[cursor:cursor + count]
-            if len(batch) < count:
-                raise RuntimeError(f"latency workload too short: {len(records)} records")
-            cursor += count
-            waited = sum(1 for r in batch if r.match_id is not None)
-            expected = watcher.matched + waited
-            first = len(watcher.latencies)
-            since = clock_of_day()
-            achieved = drive(producer, topic_set.name(INPUT), batch, rate, watcher)
-            until = clock_of_day()
-            producer.flush(30)
-            deadline = time.monotonic() + DRAIN_TIMEOUT_S
-            while watcher.matched < expected and time.monotonic() < deadline:
-                child.check_alive()
-                if not watcher.is_alive():
-                    raise RuntimeError("the result reader stopped")
-                time.sleep(0.05)
-            if n:
-                levels.append(Level(fraction, rate, achieved, len(batch), watcher.matched - (expected - waited),
-                                    watcher.latencies[first:], child.checkpoints(since, until)))
+        with quiet_gc():
+            wait_assigned([child], topic_set.partitions)
+            watcher.start()
+            cursor = 0
+            for n, (fraction, rate) in enumerate([rates[0], *rates]):  # pass 0 warms up and is not reported
+                count = int(rate * (warmup_s if n == 0 else seconds))
+                batch = records[cursor:cursor + count]
+                if len(batch) < count:
+                    raise RuntimeError(f"latency workload too short: {len(records)} records")
+                cursor += count
+                waited = sum(1 for r in batch if r.match_id is not None)
+                expected = watcher.matched + waited
+                first = len(watcher.latencies)
+                since = clock_of_day()
+                achieved = drive(producer, topic_set.name(INPUT), batch, rate, watcher)
+                until = clock_of_day()
+                producer.flush(30)
+                deadline = time.monotonic() + DRAIN_TIMEOUT_S
+                while watcher.matched < expected and time.monotonic() < deadline:
+                    child.check_alive()
+                    if not watcher.is_alive():
+                        raise RuntimeError("the result reader stopped")
+                    time.sleep(0.05)
+                if n:
+                    levels.append(Level(fraction, rate, achieved, len(batch), watcher.matched - (expected - waited),
+                                        watcher.latencies[first:], child.checkpoints(since, until)))
     finally:
         watcher.stop_flag.set()
         watcher.join(10)

@@ -7,7 +7,8 @@ driver weighs on it.
            folded in shards, one process per core, merged into one fold's output) vs
            reading and decoding the same lines into events in one process (processors.replay.read_events);
 - topic:   `settle replay --topic`'s audit replay (processors.kafka.topic_replay.audit_replay: re-fold the
-           input topic, compare every output) vs a raw read_committed consume of the same topics (raw_consume);
+           input topic, compare every output) vs a raw read_committed consume of the same topics, all at once
+           by one consumer with the replay's reader settings (raw_consume);
 - restore: processors.kafka.restore.restore into empty RocksDB projections, to the group's committed
            offsets, vs a raw read_committed consume of the changelog.
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from processors.kafka.restore import restore
-from processors.kafka.topic_replay import OUTPUT_TOPICS, audit_replay, know_leaders
+from processors.kafka.topic_replay import BATCH, IDLE_WAIT_S, OUTPUT_TOPICS, READER_SETTINGS, audit_replay, know_leaders
 from processors.replay import read_events
 from processors.sharded import replay_file
 from processors.replay_cli_ledgers import live_projections
@@ -62,27 +63,27 @@ def ceiling_around(ceiling, measured):
 measured_cpu_s = 0.0  # CPU seconds of the last measurement (ceiling_around), its workers included
 
 
-def raw_consume(config: dict, topic: str, partitions: int) -> int:
-    """Every committed record of `topic`, read_committed from the beginning to the end, touching each value:
-    the ceiling of anything that has to read the topic. Returns the record count."""
-    consumer = Consumer({**config, "group.id": "bench-raw-consume", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "enable.partition.eof": True})
+def raw_consume(config: dict, topics: list[str], partitions: int) -> dict[str, int]:
+    """Every committed record of `topics`, read_committed from the beginning to the end by one consumer with
+    the audit replay's reader settings (large fetches, a 10 ms fetch wait), touching each value: the ceiling
+    of anything that has to read these topics in one process. Returns the record count per topic."""
+    consumer = Consumer({**config, "group.id": "bench-raw-consume", **READER_SETTINGS})
     try:
-        pending = set(range(partitions))
-        know_leaders(consumer, [topic])  # as the topic replay does (otherwise 500 ms lost per topic)
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
-        count = 0
+        know_leaders(consumer, topics)  # as the replays do (otherwise 500 ms lost per topic)
+        pending = {(topic, p) for topic in topics for p in range(partitions)}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for topic, p in pending])
+        counts = dict.fromkeys(topics, 0)
         while pending:
-            # a short timeout: consume(n) waits it out whenever fewer than n records are left
-            for message in consumer.consume(num_messages=1_000, timeout=0.1):
+            # consume(n) waits out its timeout whenever fewer than n records are left: a short one
+            for message in consumer.consume(num_messages=BATCH, timeout=IDLE_WAIT_S):
                 err = message.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(message.partition())
+                        pending.discard((message.topic(), message.partition()))
                     continue
-                count += 1
+                counts[message.topic()] += 1
                 len(message.value() or b"")
-        return count
+        return counts
     finally:
         consumer.close()
 
@@ -112,8 +113,8 @@ def topic_replay(bootstrap: str, names: dict[str, str], partitions: int, state_d
                             progress_stream=open("/dev/null", "w"))
 
     consumed, consume_s, report, replay_s = ceiling_around(
-        lambda: {t: raw_consume(config, names[t], partitions) for t in topics}, replay_topic)
-    events = consumed["branch-events"]
+        lambda: raw_consume(config, [names[t] for t in topics], partitions), replay_topic)
+    events = consumed[names["branch-events"]]
     return {"records": events, "output_records": sum(consumed.values()) - events, "agrees": report.agrees,
             "divergences": len(report.divergences), "compared": report.compared, "live_ledgers": bool(state_dir),
             "replay_s": round(replay_s, 3), "replay_cpu_us_per_record": round(measured_cpu_s * 1e6 / events, 1),
@@ -137,7 +138,7 @@ def restore_projection(bootstrap: str, changelog: str, input_topic: str, group: 
         stores = {p: RocksStore(Path(tmp) / f"partition-{p}") for p in range(partitions)}
         try:
             records, consume_s, applied, restore_s = ceiling_around(
-                lambda: raw_consume(config, changelog, partitions),
+                lambda: raw_consume(config, [changelog], partitions)[changelog],
                 lambda: restore(stores, config, changelog, f"bench-restore-{group}", targets))
             children = sum(1 for store in stores.values() for _ in store.scan(keys.prefix(keys.CHILD)))
         finally:
