@@ -5,7 +5,7 @@
 The processor (processors.kafka.processor.Processor, exactly-once defaults) runs in this process against its
 own topics on the local broker: the backlog is written in a transaction held open until the processor owns
 every partition, then released; the run stops when every input offset is committed. Reports:
-- wall-clock split of the run into the processor's stages (consume, decode, fold, encode, the transaction
+- wall-clock split of the run into the processor's stages (consume, decode, fold, output encoding, the transaction
   steps, the RocksDB write), timed by wrapping each stage's entry point;
 - the profiler's own report (pyinstrument: wall-clock call tree, including time blocked in librdkafka;
   cProfile: CPU by function) written to bench/results/profile.txt (or --output).
@@ -74,8 +74,9 @@ def instrument(processor) -> None:
     codec = processor.codec
     codec.decode_event = timed("decode (Avro in)", codec.decode_event)
     processor_module.Producer, processor_module.Consumer = TimedProducer, TimedConsumer
-    checkpoint_module.encode_checkpoint = timed("encode (Avro out + ledger changes)", checkpoint_module.encode_checkpoint)
+    checkpoint_module.encode_checkpoint = timed("encode (ledger changes)", checkpoint_module.encode_checkpoint)
     PartitionTask.write_committed = timed("store write (RocksDB batch)", PartitionTask.write_committed)
+    PartitionTask.apply = timed(APPLY, PartitionTask.apply)
     original_init = PartitionTask.__init__
 
     def task_init(self, *args, **kwargs):
@@ -158,34 +159,29 @@ class Profiler:
 
 
 # Stages that do not contain one another: the rest of the wall time is the loop itself.
-TOP_LEVEL = ("checkpoint (total)", "fold", "decode (Avro in)", "kafka.consume",
+APPLY = "fold + outputs encoded (PartitionTask.apply)"
+ENCODE_OUTPUTS = "outputs encoded (Avro out, as folded)"
+TOP_LEVEL = ("checkpoint (total)", APPLY, "decode (Avro in)", "kafka.consume",
              "assignment (committed offsets + restore)")
 
 
 def stage_report(wall_s: float, records: int) -> str:
     lines = [f"{records} input records in {wall_s:.2f} s: {records / wall_s:,.0f} records/s (under the profiler)",
-             f"{'stage (indented: inside the checkpoint)':<44}{'seconds':>9}{'share':>8}{'us/record':>11}{'calls':>10}"]
-    other = wall_s - sum(TIMES.get(name, 0.0) for name in TOP_LEVEL)
-    rows = sorted(TIMES.items(), key=lambda kv: (kv[0] not in TOP_LEVEL, -kv[1]))
+             f"{'stage (indented: inside the stage above)':<44}{'seconds':>9}{'share':>8}{'us/record':>11}"
+             f"{'calls':>10}"]
+    times = dict(TIMES)
+    if APPLY in times:  # what apply does besides the fold: encode each output record
+        times[ENCODE_OUTPUTS] = times[APPLY] - times.get("fold", 0.0)
+    other = wall_s - sum(times.get(name, 0.0) for name in TOP_LEVEL)
+    inside = {APPLY: ["fold", ENCODE_OUTPUTS],
+              "checkpoint (total)": sorted((n for n in times if n not in TOP_LEVEL and n not in ("fold", ENCODE_OUTPUTS)),
+                                           key=lambda n: -times[n])}
+    rows = []
+    for name in sorted((n for n in times if n in TOP_LEVEL), key=lambda n: -times[n]):
+        rows.append((name, times[name]))
+        rows.extend(("  " + child, times[child]) for child in inside.get(name, []) if child in times)
     rows.append(("other (consume loop, metrics, dead letters, ...)", other))
-    for name, seconds in rows:
-        label = name if name in TOP_LEVEL or name.startswith("other") else "  " + name
+    for label, seconds in rows:
         lines.append(f"{label:<44}{seconds:>9.2f}{seconds / wall_s:>8.0%}{seconds / records * 1e6:>11.1f}"
-                     f"{CALLS.get(name, ''):>10}")
+                     f"{CALLS.get(label.strip(), ''):>10}")
     return "\n".join(lines)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=60_000, help="workload size (generator events)")
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--profiler", choices=("pyinstrument", "cprofile", "none"), default="pyinstrument",
-                        help="none: only the stage timers (closest to the real speed)")
-    parser.add_argument("--top", type=int, default=30, help="cProfile: functions listed")
-    parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
-    parser.add_argument("--output", default=str(Path(__file__).resolve().parent / "results" / "profile.txt"))
-    run(parser.parse_args())
-
-
-if __name__ == "__main__":
-    main()

@@ -26,6 +26,11 @@ BATCH_RECORDS = 10_000
 # consume(n, timeout) waits out its timeout whenever fewer than n records are fetched: at the end of each
 # changelog partition, which every restore (every assignment) reaches. Short, as the topic replay's.
 IDLE_WAIT_S = 0.05
+# The broker holds a fetch up to fetch.wait.max.ms when a partition has nothing new, i.e. at every changelog
+# partition's end: 10 ms, not librdkafka's 500. The fetch sizes keep librdkafka's defaults (1 MB per
+# partition): 4 MB fetches restored 1M children 1.4x faster but peaked at 425 MB instead of 293, 8 MB ones
+# 2x faster at 773 MB (bench/run.py, docs/benchmarks.md): too close to, or past, the 500 MB the processor keeps to.
+RESTORE_FETCH_WAIT_MS = 10
 RESTORE_TIMEOUT_S = 600.0
 WATERMARK_TIMEOUT_S = 10.0
 
@@ -43,7 +48,7 @@ def restore(stores: dict[int, Store], client_config: dict, topic: str, group_id:
     targets = targets or {}
     consumer = Consumer({**client_config, "group.id": f"{group_id}-restore", "enable.auto.commit": False,
                          "isolation.level": "read_committed", "enable.partition.eof": True,
-                         "auto.offset.reset": "earliest"})
+                         "auto.offset.reset": "earliest", "fetch.wait.max.ms": RESTORE_FETCH_WAIT_MS})
     applied = {p: 0 for p in stores}
     started = time.monotonic()
     try:
@@ -79,14 +84,19 @@ def restore(stores: dict[int, Store], client_config: dict, topic: str, group_id:
 
 def _consume(consumer: Consumer, topic: str, stores: dict[int, Store], targets: dict[int, int], pending: set[int],
              applied: dict[int, int], started: float, progress) -> None:
-    batches: dict[int, list] = {p: [] for p in pending}
-    last: dict[int, int] = {}
+    batches: dict[int, list] = {p: [] for p in pending}  # the consumed messages, written BATCH_RECORDS at a time
     position = {p: input_position(stores[p]) or 0 for p in pending}
 
     def flush(partition: int) -> None:
-        if batches[partition]:
-            stores[partition].write(batches[partition], last[partition])
-            applied[partition] += len(batches[partition])
+        batch = batches[partition]
+        if batch:
+            changes = [(message.key(), message.value()) for message in batch]
+            for key, value in reversed(changes):  # each checkpoint's records end with its input position
+                if key == INPUT_POSITION_KEY:
+                    position[partition] = int(value)
+                    break
+            stores[partition].write(changes, batch[-1].offset())
+            applied[partition] += len(batch)
             batches[partition] = []
             progress(partition, applied[partition])
             faults.crash_point("mid_restore")
@@ -96,22 +106,20 @@ def _consume(consumer: Consumer, topic: str, stores: dict[int, Store], targets: 
             raise RestoreIncomplete(
                 f"restore of {topic} partitions {sorted(pending)} did not reach the committed input offsets "
                 f"{ {p: targets.get(p) for p in pending} } in {RESTORE_TIMEOUT_S:.0f} s (at {position})")
-        for message in consumer.consume(num_messages=1_000, timeout=IDLE_WAIT_S):
+        for message in consumer.consume(num_messages=BATCH_RECORDS, timeout=IDLE_WAIT_S):
+            if message.error() is None:  # the hot path: two calls per record, the rest once per batch
+                batch = batches[message.partition()]
+                batch.append(message)
+                if len(batch) >= BATCH_RECORDS:
+                    flush(message.partition())
+                continue
             partition = message.partition()
             err = message.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    if partition in pending:
-                        flush(partition)
-                        if position[partition] >= targets.get(partition, -1):
-                            pending.discard(partition)
-                    continue
-                raise KafkaFailure(f"restore of {topic}[{partition}]: {err.str()} ({err.name()})",
-                                   code=err.name(), retriable=err.retriable(), fatal=err.fatal())
-            key = message.key()
-            if key == INPUT_POSITION_KEY:
-                position[partition] = int(message.value())
-            batches[partition].append((key, message.value()))
-            last[partition] = message.offset()
-            if len(batches[partition]) >= BATCH_RECORDS:
-                flush(partition)
+            if err.code() == KafkaError._PARTITION_EOF:
+                if partition in pending:
+                    flush(partition)
+                    if position[partition] >= targets.get(partition, -1):
+                        pending.discard(partition)
+                continue
+            raise KafkaFailure(f"restore of {topic}[{partition}]: {err.str()} ({err.name()})",
+                               code=err.name(), retriable=err.retriable(), fatal=err.fatal())
