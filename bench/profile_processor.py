@@ -185,3 +185,19 @@ def stage_report(wall_s: float, records: int) -> str:
         lines.append(f"{label:<44}{seconds:>9.2f}{seconds / wall_s:>8.0%}{seconds / records * 1e6:>11.1f}"
                      f"{CALLS.get(label.strip(), ''):>10}")
     return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=60_000, help="workload size (generator events)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--profiler", choices=("pyinstrument", "cprofile", "none"), default="pyinstrument",
+                        help="none: only the stage timers (closest to the real speed)")
+    parser.add_argument("--top", type=int, default=30, help="cProfile: functions listed")
+    parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
+    parser.add_argument("--output", default=str(Path(__file__).resolve().parent / "results" / "profile.txt"))
+    run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()
