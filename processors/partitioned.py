@@ -163,7 +163,6 @@ def replay_export(path, codec: Codec, render: Callable[[int, ReplayResult, Store
     if jobs <= 1 or not _single_threaded():
         return {p: one(p) for p in sorted(order)}
     import multiprocessing
-    import pickle
 
     ctx = multiprocessing.get_context("fork")
     next_index = ctx.Value("i", 0)
@@ -174,45 +173,61 @@ def replay_export(path, codec: Codec, render: Callable[[int, ReplayResult, Store
             next_index.value = i + 1
         return order[i] if i < len(order) else None
 
-    def work(send) -> None:
-        try:
-            done = {}
-            while (p := claim()) is not None:
-                done[p] = one(p)
-            send.send_bytes(pickle.dumps(("ok", done), protocol=pickle.HIGHEST_PROTOCOL))
-        except BaseException as exc:  # the message travels; the class may not unpickle
-            send.send_bytes(pickle.dumps(("error", f"{type(exc).__name__}: {exc}")))
-        finally:
-            send.close()
+    def take_all() -> dict[int, T]:
+        done = {}
+        while (p := claim()) is not None:
+            done[p] = one(p)
+        return done
 
     workers = []
     try:
         gc.freeze()  # the forked processes' collector leaves the rows alone: their pages stay shared
         try:
-            for _ in range(jobs - 1):
-                receive, send = ctx.Pipe(duplex=False)
-                worker = ctx.Process(target=work, args=(send,), daemon=True)
-                worker.start()
-                send.close()
-                workers.append((worker, receive))
+            start_workers(workers, ctx, lambda send: send_outcome(send, take_all), [()] * (jobs - 1))
         finally:
             gc.unfreeze()
-        done = {}
-        while (p := claim()) is not None:
-            done[p] = one(p)
-        gather_workers(workers, done, ReplayError, lambda receive: pickle.loads(receive.recv_bytes()))
+        done = take_all()
+        gather_workers(workers, done, ReplayError)
         return dict(sorted(done.items()))
     finally:
         stop_workers(workers)
 
 
-def gather_workers(workers: list, results: dict, failure: type[Exception],
-                   load: Callable = lambda receive: receive.recv()) -> None:
-    """Each worker process's ("ok", {partition: result}) into `results`; a worker's ("error", message), or
-    its death, raised as `failure`."""
+def start_workers(workers: list, ctx, target: Callable, args_per_worker: Iterable[tuple]) -> None:
+    """One process of `ctx` per tuple of `args_per_worker`, running target(*args, send) with `send` the
+    writing end of a pipe; each appended to `workers` as (process, reading end) once started, so that a
+    failure half-way still leaves every started one to stop_workers."""
+    for args in args_per_worker:
+        receive, send = ctx.Pipe(duplex=False)
+        worker = ctx.Process(target=target, args=(*args, send), daemon=True)
+        worker.start()
+        send.close()
+        workers.append((worker, receive))
+
+
+def send_outcome(send, compute: Callable[[], dict]) -> None:
+    """In a worker process: ("ok", compute()), or ("error", how it failed) if it raised (the message
+    travels; the exception's class may not unpickle), pickled to `send`, which is then closed."""
+    import pickle
+
+    try:
+        data = pickle.dumps(("ok", compute()), protocol=pickle.HIGHEST_PROTOCOL)
+    except BaseException as exc:
+        data = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
+    try:
+        send.send_bytes(data)
+    finally:
+        send.close()
+
+
+def gather_workers(workers: list, results: dict, failure: type[Exception]) -> None:
+    """Each worker process's ("ok", {partition: result}) (send_outcome) into `results`; a worker's
+    ("error", message), or its death, raised as `failure`."""
+    import pickle
+
     for worker, receive in workers:
         try:
-            status, value = load(receive)
+            status, value = pickle.loads(receive.recv_bytes())
         except EOFError:
             worker.join(5)
             raise failure(f"a replay process died (exit code {worker.exitcode})") from None

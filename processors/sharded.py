@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import heapq
 import os
-import pickle
 import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from processors.outputs import Outputs
-from processors.partitioned import _cores, gather_workers, stop_workers
+from processors.partitioned import _cores, gather_workers, send_outcome, start_workers, stop_workers
 from processors.replay import (ASIDE_MIN_BYTES, DEFAULT_CHECKPOINT_EVENTS, Replayer, ReplayError, ReplayResult,
                                _single_threaded, decode_json_line, ledger_snapshot)
 from projections.store import MemoryStore
@@ -169,24 +168,13 @@ def replay_jsonl(path: str | os.PathLike, codec: Codec, jobs: int | None = None,
     ctx = multiprocessing.get_context("fork")
 
     def work(shard: int, send) -> None:
-        try:
-            send.send_bytes(pickle.dumps(("ok", {shard: fold_shard(path, codec, shard, shards, checkpoint_events)}),
-                                         protocol=pickle.HIGHEST_PROTOCOL))
-        except BaseException as exc:  # the message travels; the class may not unpickle
-            send.send_bytes(pickle.dumps(("error", f"{type(exc).__name__}: {exc}")))
-        finally:
-            send.close()
+        send_outcome(send, lambda: {shard: fold_shard(path, codec, shard, shards, checkpoint_events)})
 
     workers = []
     try:
-        for shard in range(1, shards):
-            receive, send = ctx.Pipe(duplex=False)
-            worker = ctx.Process(target=work, args=(shard, send), daemon=True)
-            worker.start()
-            send.close()
-            workers.append((worker, receive))
+        start_workers(workers, ctx, work, [(shard,) for shard in range(1, shards)])
         done = {0: fold_shard(path, codec, 0, shards, checkpoint_events)}
-        gather_workers(workers, done, ReplayError, lambda receive: pickle.loads(receive.recv_bytes()))
+        gather_workers(workers, done, ReplayError)
         return merge([done[shard] for shard in range(shards)])
     finally:
         stop_workers(workers)

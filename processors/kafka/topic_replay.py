@@ -31,7 +31,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from processors.kafka.errors import KafkaFailure
 from processors.kafka.partition import OUTPUT_ROUTES
-from processors.partitioned import decode_record, gather_workers, stop_workers
+from processors.partitioned import decode_record, gather_workers, send_outcome, start_workers, stop_workers
 from processors.replay import Input, Replayer, ReplayResult, child_entry, ledger_snapshot, parent_entry
 from projections import keys
 from projections.store import MemoryStore, RocksStore, Store
@@ -359,12 +359,7 @@ def _run_jobs(job: _Job, jobs: int, progress: Progress, codec: Codec) -> dict[in
     counter = ctx.Value("q", 0, lock=False)  # events folded by the other processes, for the progress bar
     workers = []
     try:
-        for _ in range(jobs - 1):
-            receive, send = ctx.Pipe(duplex=False)
-            worker = ctx.Process(target=_worker, args=(job, next_index, counter, send), daemon=True)
-            worker.start()
-            send.close()
-            workers.append((worker, receive))
+        start_workers(workers, ctx, _worker, [(job, next_index, counter)] * (jobs - 1))
         own_done = 0
 
         def own_progress(n: int) -> None:
@@ -406,12 +401,7 @@ def _worker(job: _Job, next_index, counter, send) -> None:
     def progress(n: int) -> None:
         counter.value += n  # one writer per 1000 events each; a lost update only slows the bar
 
-    try:
-        result = ("ok", _replay_share(job, _claimer(job.order, next_index), progress))
-    except BaseException as exc:  # the message travels; the exception's class may not unpickle
-        result = ("error", f"{type(exc).__name__}: {exc}")
-    send.send(result)
-    send.close()
+    send_outcome(send, lambda: _replay_share(job, _claimer(job.order, next_index), progress))
 
 
 # Partitions a process has assigned at once: while one finishes (its last outputs, the comparison), the
