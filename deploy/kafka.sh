@@ -11,6 +11,11 @@
 #   KAFKA_PORT [9092]  KAFKA_CONTROLLER_PORT [KAFKA_PORT + 1]  KAFKA_HEAP_MB [512]
 #   KAFKA_UP_TIMEOUT_S [90]  KAFKA_STOP_TIMEOUT_S [30]
 #   KAFKA_CACHE_DIR [.cache/kafka]  KAFKA_M2_DIR [.cache/m2]  KAFKA_RUN_DIR [.run/kafka]
+#   KAFKA_ROLE [combined]: combined runs one node that is broker and controller. `controller` and `broker` run
+#     the two halves as separate processes (node 1 and node 2, each with its own KAFKA_RUN_DIR and the same
+#     KAFKA_CLUSTER_ID): a broker can then crash while its controller stays up, as in a production cluster.
+#     The fault suite needs that (docs/faults.md, finding 2); development and CI use one combined node.
+#   KAFKA_CLUSTER_ID [random]: the cluster id to format new storage with.
 #
 # The data directory survives `down`, so topics survive a restart. `rm -rf .run/kafka` (when stopped) starts over.
 set -euo pipefail
@@ -25,6 +30,12 @@ readonly DEPLOY_DIR=$REPO_DIR/deploy
 readonly PORT=${KAFKA_PORT:-9092}
 readonly CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-$((PORT + 1))}
 readonly HEAP_MB=${KAFKA_HEAP_MB:-512}
+readonly ROLE=${KAFKA_ROLE:-combined}
+case $ROLE in combined | controller | broker) ;; *)
+    echo "kafka: KAFKA_ROLE is '$ROLE'; it must be combined, controller or broker." >&2
+    exit 2
+    ;;
+esac
 readonly UP_TIMEOUT_S=${KAFKA_UP_TIMEOUT_S:-90}
 readonly STOP_TIMEOUT_S=${KAFKA_STOP_TIMEOUT_S:-30}
 readonly CACHE_DIR=${KAFKA_CACHE_DIR:-$REPO_DIR/.cache/kafka}
@@ -129,10 +140,30 @@ require_port_free() {
     fail "port $port ($role) on 127.0.0.1 is in use${holder:+ by $holder}, not by a broker this script started. Stop it, or choose other ports: KAFKA_PORT=... KAFKA_CONTROLLER_PORT=... (and SETTLE_BOOTSTRAP_SERVERS=127.0.0.1:<port> for the tests)."
 }
 
+# One template for every role: a separate controller or broker replaces the lines that say which node it is
+# and where it listens; everything else (topic defaults, transaction settings) is the same as the combined node's.
+role_lines() {
+    case $ROLE in
+    controller)
+        printf '%s\n' "process.roles=controller" "node.id=1" "listeners=CONTROLLER://127.0.0.1:$CONTROLLER_PORT"
+        ;;
+    broker)
+        printf '%s\n' "process.roles=broker" "node.id=2" "listeners=PLAINTEXT://127.0.0.1:$PORT" \
+            "advertised.listeners=PLAINTEXT://127.0.0.1:$PORT" "inter.broker.listener.name=PLAINTEXT"
+        ;;
+    esac
+}
+
 write_config() {
     mkdir -p "$DATA_DIR"
-    sed -e "s|@PORT@|$PORT|g" -e "s|@CONTROLLER_PORT@|$CONTROLLER_PORT|g" -e "s|@DATA_DIR@|$DATA_DIR|g" \
-        "$DEPLOY_DIR/server.properties" >"$CONFIG_FILE"
+    {
+        sed -e "s|@PORT@|$PORT|g" -e "s|@CONTROLLER_PORT@|$CONTROLLER_PORT|g" -e "s|@DATA_DIR@|$DATA_DIR|g" \
+            "$DEPLOY_DIR/server.properties" |
+            if [[ $ROLE == combined ]]; then cat; else
+                grep -vE '^(process\.roles|node\.id|listeners|advertised\.listeners|inter\.broker\.listener\.name)='
+            fi
+        role_lines
+    } >"$CONFIG_FILE"
 }
 
 random_cluster_id() {
@@ -149,7 +180,7 @@ random_cluster_id() {
 format_storage() {
     [[ -f $DATA_DIR/meta.properties ]] && return 0
     local out
-    if ! out=$(run_kafka_class WARN kafka.tools.StorageTool format --cluster-id "$(random_cluster_id)" \
+    if ! out=$(run_kafka_class WARN kafka.tools.StorageTool format --cluster-id "${KAFKA_CLUSTER_ID:-$(random_cluster_id)}" \
         --config "$CONFIG_FILE" --ignore-formatted 2>&1); then
         echo "kafka: formatting KRaft storage in $DATA_DIR failed:" >&2
         echo "$out" | grep -vE '^\s+at ' | tail -n 8 >&2
@@ -185,7 +216,10 @@ wait_until_healthy() {
             rm -f "$PID_FILE"
             exit 1
         fi
-        if port_open "$PORT" && broker_answers; then
+        if [[ $ROLE == controller ]]; then
+            # A controller serves no client requests; it is up when its quorum port accepts connections.
+            port_open "$CONTROLLER_PORT" && return 0
+        elif port_open "$PORT" && broker_answers; then
             return 0
         fi
         sleep 0.5
@@ -204,14 +238,14 @@ cmd_up() {
         say "already running (pid $pid) on 127.0.0.1:$PORT"
         return 0
     fi
-    require_port_free "$PORT" broker
-    require_port_free "$CONTROLLER_PORT" controller
+    [[ $ROLE == controller ]] || require_port_free "$PORT" broker
+    [[ $ROLE == broker ]] || require_port_free "$CONTROLLER_PORT" controller
     install
     started_s=$SECONDS
     write_config
     format_storage
     rm -f "$PID_FILE"
-    echo "---- $(date -u +%FT%TZ) deploy/kafka.sh up: Kafka $KAFKA_VERSION on 127.0.0.1:$PORT" >>"$LOG_FILE"
+    echo "---- $(date -u +%FT%TZ) deploy/kafka.sh up: Kafka $KAFKA_VERSION $ROLE on 127.0.0.1:$PORT" >>"$LOG_FILE"
     # setsid: the broker must outlive the shell that started it (make, pytest) and must not receive the Ctrl-C
     # meant for that shell. The inner shell records its own pid, then becomes java, so the pid file names the JVM.
     # shellcheck disable=SC2016 # $$ and $@ are meant for the inner shell.
@@ -228,7 +262,11 @@ cmd_up() {
     [[ -s $PID_FILE ]] || fail "the broker process did not start (see $LOG_FILE)."
     pid=$(cat "$PID_FILE")
     wait_until_healthy "$pid"
-    say "Kafka $KAFKA_VERSION up on 127.0.0.1:$PORT (pid $pid, $((SECONDS - started_s))s)"
+    if [[ $ROLE == controller ]]; then
+        say "Kafka $KAFKA_VERSION controller up on 127.0.0.1:$CONTROLLER_PORT (pid $pid, $((SECONDS - started_s))s)"
+    else
+        say "Kafka $KAFKA_VERSION up on 127.0.0.1:$PORT (pid $pid, $((SECONDS - started_s))s)"
+    fi
 }
 
 cmd_down() {

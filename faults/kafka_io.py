@@ -1,9 +1,11 @@
 """Broker-facing helpers of the suite: topics under a private prefix, reading topics back read_committed,
-a continuous read_committed reader (I4, progress), and an own broker (deploy/kafka.sh in a private run
-directory) that the scenarios may bounce. The shared broker is only ever used, never touched."""
+a continuous read_committed reader (I4, progress), and an own cluster (a controller and a broker,
+deploy/kafka.sh in private run directories) whose broker the scenarios may bounce. The shared broker is only ever used, never touched."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import signal
 import socket
@@ -195,47 +197,88 @@ def free_port() -> int:
 
 
 class OwnBroker:
-    """A broker of this suite's own (deploy/kafka.sh with a private run directory and ports): the only
-    broker a scenario may bounce, pause or cut off."""
+    """A cluster of this suite's own, the only one a scenario may bounce, pause or cut off: a KRaft controller
+    and a broker as two processes (deploy/kafka.sh KAFKA_ROLE=controller and broker, each in a private run
+    directory), the way a production cluster runs them. A broker fault touches the broker only; the controller
+    stays up, fences the dead broker when its session expires and hands its partitions back when it returns.
+
+    With one combined node a kill -9 takes the controller down too, and the restarted node then lets Kafka skip
+    transaction markers (docs/faults.md, finding 2): that is a broker defect, not what the scenarios test."""
+
+    BROKER_NODE_ID = 2
 
     def __init__(self, run_dir: Path, port: int | None = None, controller_port: int | None = None) -> None:
         self.run_dir = run_dir
         self.port = port or free_port()
         self.controller_port = controller_port or free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
+        self.cluster_id = _cluster_id(run_dir)
 
-    def _sh(self, command: str, timeout_s: float = 300) -> str:
+    def role_dir(self, role: str) -> Path:
+        return self.run_dir / role
+
+    def _sh(self, role: str, command: str, timeout_s: float = 300) -> str:
         env = {**os.environ, "KAFKA_PORT": str(self.port), "KAFKA_CONTROLLER_PORT": str(self.controller_port),
-               "KAFKA_RUN_DIR": str(self.run_dir), "KAFKA_STOP_TIMEOUT_S": "60"}
+               "KAFKA_RUN_DIR": str(self.role_dir(role)), "KAFKA_ROLE": role, "KAFKA_CLUSTER_ID": self.cluster_id,
+               "KAFKA_STOP_TIMEOUT_S": "60", "KAFKA_HEAP_MB": "384"}
         done = subprocess.run(["bash", str(KAFKA_SH), command], env=env, capture_output=True, text=True,
                               timeout=timeout_s)
         if done.returncode != 0:
-            raise RuntimeError(f"kafka.sh {command} (port {self.port}) failed:\n{done.stdout}{done.stderr}")
+            raise RuntimeError(f"kafka.sh {command} ({role}, port {self.port}) failed:\n{done.stdout}{done.stderr}")
         return done.stdout
 
     def up(self) -> None:
-        self._sh("up")
+        """Start whatever is not running (the controller first), and wait until the broker answers."""
+        self._sh("controller", "up")
+        self._sh("broker", "up")
 
-    def down(self) -> None:
-        self._sh("down")
+    def down(self, fence_timeout_s: float = 60) -> None:
+        """A clean stop of the broker (a controlled shutdown through the controller), then, as after kill9,
+        wait until the controller has fenced it: until its session expires the controller refuses the
+        restarted broker's registration (DUPLICATE_BROKER_REGISTRATION) just the same."""
+        fences = self._fences()
+        self._sh("broker", "down")
+        self._wait_fenced(fences, fence_timeout_s)
 
-    def pid(self) -> int | None:
+    def pid(self, role: str = "broker") -> int | None:
+        run_dir = self.role_dir(role)
         try:
-            pid = int((self.run_dir / "pid").read_text().strip())
+            pid = int((run_dir / "pid").read_text().strip())
         except (OSError, ValueError):
             return None
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             return None
-        return pid if str(self.run_dir).encode() in cmdline else None
+        return pid if str(run_dir).encode() in cmdline else None
 
-    def kill9(self) -> None:
+    def kill9(self, fence_timeout_s: float = 60) -> None:
+        """kill -9 the broker, then wait until the controller has fenced it (its session expired: 9 s,
+        broker.session.timeout.ms). A broker restarted before that is refused registration (its old
+        incarnation still holds it) and meanwhile acts on the stale metadata that names it leader; the fence
+        then takes those leaders away while its transaction coordinator is writing markers (finding 2)."""
         pid = self.pid()
         if pid is None:
             raise RuntimeError(f"own broker on {self.port} is not running")
+        fences = self._fences()
         os.kill(pid, signal.SIGKILL)
         _wait_gone(pid)
+        self._wait_fenced(fences, fence_timeout_s)
+
+    def _wait_fenced(self, fences_before: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self._fences() <= fences_before:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the controller did not fence the stopped broker within {timeout_s:.0f} s")
+            time.sleep(0.2)
+
+    def _fences(self) -> int:
+        log = self.role_dir("controller") / "server.log"
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            return 0
+        return text.count(f"Fencing broker {self.BROKER_NODE_ID} at epoch")
 
     def signal(self, signum: int) -> None:
         pid = self.pid()
@@ -243,20 +286,32 @@ class OwnBroker:
             raise RuntimeError(f"own broker on {self.port} is not running")
         os.kill(pid, signum)
 
+    def logs(self) -> dict[str, Path]:
+        return {role: self.role_dir(role) / "server.log" for role in ("controller", "broker")}
+
     def ensure_stopped(self) -> None:
-        """Stop it whatever state it is in (SIGCONT first, in case a scenario paused it)."""
-        pid = self.pid()
-        if pid is None:
-            return
-        try:
-            os.kill(pid, signal.SIGCONT)
-            self.down()
-        except Exception:
-            pass
-        pid = self.pid()
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
-            _wait_gone(pid)
+        """Stop both processes whatever state they are in (SIGCONT first, in case a scenario paused one)."""
+        for role in ("broker", "controller"):
+            pid = self.pid(role)
+            if pid is None:
+                continue
+            try:
+                os.kill(pid, signal.SIGCONT)
+                self._sh(role, "down")
+            except Exception:
+                pass
+            pid = self.pid(role)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                _wait_gone(pid)
+
+
+def _cluster_id(run_dir: Path) -> str:
+    """A Kafka cluster id (16 bytes, URL-safe base64, unpadded) that is the same for both nodes and for every
+    OwnBroker on the same run directory."""
+    digest = hashlib.sha256(str(run_dir.resolve()).encode()).digest()[:16]
+    text = base64.urlsafe_b64encode(digest).decode().rstrip("=")
+    return "A" + text[1:] if text.startswith("-") else text
 
 
 def _wait_gone(pid: int, timeout_s: float = 30) -> None:

@@ -36,6 +36,13 @@ def shared_bootstrap() -> str:
     return os.environ.get("SETTLE_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
 
 
+def keep_broker_log(broker: OwnBroker, run_dir: Path) -> None:
+    """The own cluster's data goes, its logs stay with the processors' logs: a finding needs both."""
+    for role, log in broker.logs().items():
+        if log.exists() and run_dir.is_dir():
+            shutil.copyfile(log, run_dir / f"kafka-{role}.log")
+
+
 def run_scenario(name: str, seed: int, size: Size, outages_s: tuple, work: Path, stall_s: float = STALL_S,
                  hard_bounces: int = 2) -> dict:
     started = time.monotonic()
@@ -54,7 +61,9 @@ def run_scenario(name: str, seed: int, size: Size, outages_s: tuple, work: Path,
                 if run is not None:
                     run.cleanup()
                 broker.ensure_stopped()
-                shutil.rmtree(work / name / "kafka", ignore_errors=True)
+                keep_broker_log(broker, work / name / "run")
+                if not os.environ.get("FAULTS_KEEP_BROKER_DATA"):
+                    shutil.rmtree(work / name / "kafka", ignore_errors=True)
         else:
             run = Run(name, seed, size, shared_bootstrap(), work / name, stall_s=stall_s)
             try:

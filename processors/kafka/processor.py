@@ -157,7 +157,15 @@ class Processor:
                 err = exc.args[0] if exc.args else None
                 if time.monotonic() >= deadline or not (isinstance(err, KafkaError) and err.retriable()
                                                         or getattr(err, "code", lambda: None)() == KafkaError._TIMED_OUT):
-                    raise KafkaFailure.wrap("fetching the committed offsets", exc) from exc
+                    failure = KafkaFailure.wrap("fetching the committed offsets", exc)
+                    if time.monotonic() >= deadline:
+                        failure = KafkaFailure(
+                            f"{failure}. They stayed unavailable for {budget_s:.0f} s, longer than a crashed "
+                            "predecessor's transaction can stay open: most likely a hanging transaction on the "
+                            "group's __consumer_offsets partition, which Kafka can leave behind after a broker "
+                            "crash (docs/faults.md, finding 2); kafka-transactions.sh find-hanging names it",
+                            code=failure.code, retriable=failure.retriable, fatal=failure.fatal)
+                    raise failure from exc
                 log.warning("committed offsets not available yet (%s); retrying", err)
         for tp in committed:
             if tp.error is not None:

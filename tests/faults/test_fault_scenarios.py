@@ -61,7 +61,8 @@ def test_scenario_on_the_shared_broker(name: str, shared_bootstrap: str, tmp_pat
 
 
 def test_broker_hard_bounce_and_clean_restart(shared_bootstrap: str, tmp_path: Path) -> None:
-    """On a broker of the suite's own (the shared one is never touched); `make faults` bounces it twice.
+    """On a cluster of the suite's own, a controller and a broker (the shared one is never touched): the broker
+    is killed once (`make faults`: twice) and restarted cleanly once, each time after its controller fenced it.
 
     Safety and liveness: the processor recovers by itself from both restarts, with no operator and no
     watchdog. Two librdkafka behaviours made it need help before (docs/faults.md, findings 1 and 2): a

@@ -77,3 +77,45 @@ def test_status_of_a_broker_that_is_not_running(tmp_path):
     status = kafka_sh("status", {"KAFKA_PORT": str(free_port()), "KAFKA_RUN_DIR": str(tmp_path / "run")})
     assert status.returncode == 3
     assert "kafka: not running" in status.stdout
+
+
+@pytest.mark.slow
+def test_a_controller_and_a_broker_as_two_processes(tmp_path):
+    """KAFKA_ROLE: the fault suite's cluster. The broker joins the controller's quorum, answers for the
+    shared cluster id, and can be stopped and started again while the controller stays up."""
+    port, controller_port = free_port(), free_port()
+    common = {"KAFKA_PORT": str(port), "KAFKA_CONTROLLER_PORT": str(controller_port),
+              "KAFKA_CLUSTER_ID": "c2V0dGxlbWVudC10ZXN0MQ"}
+    controller = {**common, "KAFKA_ROLE": "controller", "KAFKA_RUN_DIR": str(tmp_path / "controller")}
+    broker = {**common, "KAFKA_ROLE": "broker", "KAFKA_RUN_DIR": str(tmp_path / "broker")}
+    try:
+        up = kafka_sh("up", controller)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert f"controller up on 127.0.0.1:{controller_port}" in up.stdout
+        up = kafka_sh("up", broker)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert f"up on 127.0.0.1:{port}" in up.stdout
+        config = (tmp_path / "broker" / "server.properties").read_text()
+        assert "process.roles=broker\n" in config and "node.id=2\n" in config
+        assert "process.roles=broker,controller" not in config
+        for role in ("controller", "broker"):
+            meta = (tmp_path / role / "data" / "meta.properties").read_text()
+            assert "cluster.id=c2V0dGxlbWVudC10ZXN0MQ" in meta, (role, meta)
+
+        down = kafka_sh("down", broker)
+        assert down.returncode == 0 and "stopped" in down.stdout, down.stdout + down.stderr
+        assert kafka_sh("status", controller).returncode == 0  # the controller stays up
+        again = kafka_sh("up", broker)
+        assert again.returncode == 0, again.stdout + again.stderr
+    finally:
+        for env in (broker, controller):
+            kafka_sh("down", env)
+    assert kafka_sh("status", broker).returncode == 3
+    assert kafka_sh("status", controller).returncode == 3
+
+
+def test_an_unknown_role_is_refused_with_one_clear_line(tmp_path):
+    up = kafka_sh("up", {"KAFKA_ROLE": "leader", "KAFKA_PORT": str(free_port()),
+                         "KAFKA_RUN_DIR": str(tmp_path / "run")})
+    assert up.returncode == 2
+    assert up.stderr.strip() == "kafka: KAFKA_ROLE is 'leader'; it must be combined, controller or broker."
