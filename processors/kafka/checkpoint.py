@@ -16,6 +16,7 @@ from processors.kafka.txn_guard import TransactionCallStuck, bounded
 log = logging.getLogger("settle.checkpoint")
 
 COMMIT_RETRIES = 5
+OUTPUT_TOPIC_COUNT = 4  # settlement-results, capacity-releases, settlement-audit, branch-events-dlq
 FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED} |
                          ({KafkaError.INVALID_PRODUCER_EPOCH} if hasattr(KafkaError, "INVALID_PRODUCER_EPOCH") else set()))
 
@@ -46,6 +47,9 @@ class CheckpointResult:
     records: int = 0
     released: dict = field(default_factory=dict)  # (dimension, destination) -> quantity committed
     phases_ms: dict = field(default_factory=dict)  # step of the sequence -> milliseconds it took
+    # (topic, partition) -> offset of the last record committed there: the stability watch checks that
+    # read_committed consumers can read past it.
+    last_offsets: dict = field(default_factory=dict)
 
     def describe_phases(self) -> str:
         return ", ".join(f"{step} {ms:.1f}" for step, ms in self.phases_ms.items())
@@ -77,8 +81,9 @@ def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[i
                  ticks: list[tuple[int, bytes]], topics: dict[str, str], on_delivery) -> None:
     """Every record of the checkpoint, each partition's outputs (in input order) then its ledger changes.
 
-    One delivery report per partition: its last changelog record's, for the offset the projection is written
-    with (a partition's records are delivered in order). A record that fails puts the transaction in the
+    One delivery report per topic-partition: its last record's. The changelog's gives the offset the
+    projection is written with (a partition's records are delivered in order); the outputs' tell the
+    stability watch where read_committed consumers must be able to read to. A record that fails puts the transaction in the
     abortable error state, which sending the offsets or committing reports (rd_kafka_commit_transaction: "if
     any of the outstanding messages fail permanently the current transaction will enter the abortable error
     state and this function will return an abortable error"). A report per record cost ~1 us of Python each,
@@ -86,14 +91,30 @@ def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[i
     changelog = topics["ledger-changelog"]
     for task in tasks:
         p = task.partition
-        for topic, key, value in task.records:
-            _produce(producer, topics[topic], p, key, value, None)
+        records = task.records
+        last = _last_of_each_topic(records)
+        for n, (topic, key, value) in enumerate(records):
+            _produce(producer, topics[topic], p, key, value, on_delivery if n in last else None)
         task_changes = changes[p]
         last = len(task_changes) - 1
         for n, (key, value) in enumerate(task_changes):
             _produce(producer, changelog, p, key, value, on_delivery if n == last else None)
     for p, value in ticks:
         _produce(producer, topics["branch-events"], p, None, value, None)
+
+
+def _last_of_each_topic(records: list) -> set[int]:
+    """Indexes of the last record of each output topic (4 at most; found from the end, so a few steps)."""
+    seen: set[str] = set()
+    last: set[int] = set()
+    for n in range(len(records) - 1, -1, -1):
+        topic = records[n][0]
+        if topic not in seen:
+            seen.add(topic)
+            last.add(n)
+            if len(seen) == OUTPUT_TOPIC_COUNT:
+                break
+    return last
 
 
 def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], ticks: list[tuple[int, bytes]],
@@ -131,14 +152,18 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
     count, changes = encode_checkpoint(tasks, ticks, topics)
     phase("encode")
     changelog_offsets: dict[int, int] = {}
+    last_offsets: dict[tuple[str, int], int] = {}
     failures: list[KafkaError] = []
+    changelog = topics["ledger-changelog"]
 
     def delivered(err, msg) -> None:
         if err is not None:
             failures.append(err)
-        elif msg.topic() == topics["ledger-changelog"]:
-            p = msg.partition()
-            changelog_offsets[p] = max(changelog_offsets.get(p, -1), msg.offset())
+            return
+        topic, p, offset = msg.topic(), msg.partition(), msg.offset()
+        last_offsets[(topic, p)] = offset
+        if topic == changelog:
+            changelog_offsets[p] = max(changelog_offsets.get(p, -1), offset)
 
     offsets = [TopicPartition(topics["branch-events"], t.partition,
                               t.position if t.position is not None else t.committed_position)
@@ -188,7 +213,7 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
         task.write_committed(changes[task.partition], changelog_offsets.get(task.partition))
     phase("store")
     return CheckpointResult(committed=True, events=events, records=count, released=released,
-                            phases_ms=phases)
+                            phases_ms=phases, last_offsets=last_offsets)
 
 
 def _produce(producer: Producer, topic: str, partition: int, key: bytes | None, value: bytes | None,

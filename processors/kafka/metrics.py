@@ -40,6 +40,11 @@ class Metrics:
                                              "Consumers replaced after failing to rejoin the group", registry=r)
         self.stuck_calls = Gauge("settle_transactional_calls_stuck",
                                  "Given-up producers still blocked in a librdkafka transactional call", registry=r)
+        # 1 while read_committed consumers cannot read past what this processor committed there (processors/
+        # kafka/stability.py): an open transaction of another producer or a hanging one holds the partition.
+        self.unreadable = Gauge("settle_unreadable_partition",
+                                "Partitions written by this processor that read_committed consumers cannot read "
+                                "past", ["topic", "partition"], registry=r)
 
     def serve(self, port: int) -> None:
         start_http_server(port, registry=self.registry)

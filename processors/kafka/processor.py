@@ -13,6 +13,7 @@ import time
 from typing import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from processors import gc_tuning
 from processors.errors import InvariantViolation
@@ -23,6 +24,7 @@ from processors.kafka.config import ProcessorConfig
 from processors.kafka.metrics import Metrics
 from processors.kafka.partition import PartitionTask, delete_store, input_position, open_store, store_path
 from processors.kafka.restore import restore
+from processors.kafka.stability import StabilityWatch, stall_threshold_s
 from processors.kafka.txn_guard import TransactionCallStuck, bounded, check_stuck_budget, stuck_calls
 from projections import view
 from schemas.codec import Codec, CodecError, default_codec
@@ -61,6 +63,8 @@ class Processor:
         self.failed = False
         self.lost_at: float | None = None  # when the partitions were lost, until the next assignment
         self._event_counters: dict = {}  # result code -> its labelled counter (labels() costs a lock and a lookup)
+        self.stability = StabilityWatch(lambda: AdminClient(config.client_config()),
+                                        stall_threshold_s(config.transaction_timeout_ms), self.metrics.unreadable)
 
     # -- clients ------------------------------------------------------------------------------------------
 
@@ -185,7 +189,12 @@ class Processor:
             if task is not None:
                 task.discard()
                 task.close()
+        self._forget_written(revoked)
         log.info("revoked partitions %s", revoked)
+
+    def _forget_written(self, partitions) -> None:
+        """The stability watch stops watching what a partition's new owner writes to now."""
+        self.stability.forget([(topic, p) for topic in self.topics.values() for p in partitions])
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Another member owns them already: nothing may be committed for them.
@@ -199,6 +208,7 @@ class Processor:
             if task is not None:
                 task.discard()
                 task.close()
+        self._forget_written(lost)
         log.warning("lost partitions %s (session expired): uncommitted work discarded",
                     sorted(tp.partition for tp in partitions))
 
@@ -225,6 +235,7 @@ class Processor:
             for task in self.tasks.values():
                 task.close()
             self.tasks.clear()
+            self.stability.close()
             self.producer.flush(5)
 
     def _subscribe(self) -> None:
@@ -262,6 +273,7 @@ class Processor:
             timeout = min(IDLE_POLL_S, max(due - time.monotonic(), 0.0))
         self._fold_batch(self.consumer.consume(num_messages=CONSUME_BATCH, timeout=timeout))
         self._schedule_ticks()
+        self.stability.poll()
         if self._checkpoint_due():
             self.checkpoint()
 
@@ -391,6 +403,7 @@ class Processor:
             for (dimension, destination), quantity in result.released.items():
                 self.metrics.releases.labels(dimension, destination).inc(quantity)
             self.fence_retries = 0
+            self.stability.committed(result.last_offsets)
             gc_tuning.after_checkpoint()
             self._update_gauges()
             log.debug("checkpoint committed: %d events, %d records, %.1f ms (%s)", result.events, result.records,
