@@ -82,12 +82,12 @@ def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[i
     """Every record of the checkpoint, each partition's outputs (in input order) then its ledger changes.
 
     One delivery report per topic-partition: its last record's. The changelog's gives the offset the
-    projection is written with (a partition's records are delivered in order); the outputs' tell the
-    stability watch where read_committed consumers must be able to read to. A record that fails puts the transaction in the
-    abortable error state, which sending the offsets or committing reports (rd_kafka_commit_transaction: "if
-    any of the outstanding messages fail permanently the current transaction will enter the abortable error
-    state and this function will return an abortable error"). A report per record cost ~1 us of Python each,
-    3.4 records per event."""
+    projection is written with (a partition's records are delivered in order); all of them tell the
+    stability watch how far read_committed consumers must be able to read. A record that fails puts the
+    transaction in the abortable error state, which sending the offsets or committing reports
+    (rd_kafka_commit_transaction: "if any of the outstanding messages fail permanently the current transaction
+    will enter the abortable error state and this function will return an abortable error"). A report per
+    record cost ~1 us of Python each, 3.4 records per event."""
     changelog = topics["ledger-changelog"]
     for task in tasks:
         p = task.partition
