@@ -56,7 +56,7 @@ def run_scenario(name: str, seed: int, size: Size, outages_s: tuple, work: Path,
                 broker.up()
                 run = Run(name, seed, size, broker.bootstrap, work / name / "run", stall_s=stall_s).setup()
                 report = broker_bounce(run, broker, hard_bounces)
-                report["where"] = f"own broker on 127.0.0.1:{broker.port}"
+                report["where"] = f"own cluster: controller and broker, the broker on 127.0.0.1:{broker.port}"
             finally:
                 if run is not None:
                     run.cleanup()
