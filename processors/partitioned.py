@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
 from typing import Callable, Iterable, Iterator, TypeVar
 
 import fastavro
@@ -208,8 +209,6 @@ def start_workers(workers: list, ctx, target: Callable, args_per_worker: Iterabl
 def send_outcome(send, compute: Callable[[], dict]) -> None:
     """In a worker process: ("ok", compute()), or ("error", how it failed) if it raised (the message
     travels; the exception's class may not unpickle), pickled to `send`, which is then closed."""
-    import pickle
-
     try:
         data = pickle.dumps(("ok", compute()), protocol=pickle.HIGHEST_PROTOCOL)
     except BaseException as exc:
@@ -223,8 +222,6 @@ def send_outcome(send, compute: Callable[[], dict]) -> None:
 def gather_workers(workers: list, results: dict, failure: type[Exception]) -> None:
     """Each worker process's ("ok", {partition: result}) (send_outcome) into `results`; a worker's
     ("error", message), or its death, raised as `failure`."""
-    import pickle
-
     for worker, receive in workers:
         try:
             status, value = pickle.loads(receive.recv_bytes())

@@ -10,13 +10,12 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from processors.kafka import faults
 from processors.kafka.errors import KafkaFailure
-from processors.kafka.partition import INPUT_POSITION_KEY, PartitionTask
+from processors.kafka.partition import INPUT_POSITION_KEY, OUTPUT_TOPICS, PartitionTask
 from processors.kafka.txn_guard import TransactionCallStuck, bounded
 
 log = logging.getLogger("settle.checkpoint")
 
 COMMIT_RETRIES = 5
-OUTPUT_TOPIC_COUNT = 4  # settlement-results, capacity-releases, settlement-audit, branch-events-dlq
 FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED} |
                          ({KafkaError.INVALID_PRODUCER_EPOCH} if hasattr(KafkaError, "INVALID_PRODUCER_EPOCH") else set()))
 
@@ -112,7 +111,7 @@ def _last_of_each_topic(records: list) -> set[int]:
         if topic not in seen:
             seen.add(topic)
             last.add(n)
-            if len(seen) == OUTPUT_TOPIC_COUNT:
+            if len(seen) == len(OUTPUT_TOPICS):
                 break
     return last
 

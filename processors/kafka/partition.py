@@ -21,6 +21,9 @@ OUTPUT_ROUTES = (
     ("settled", "capacity-releases", "ParentSettled"),
     ("audits", "settlement-audit", "AuditRecord"),
 )
+DEAD_LETTER_TOPIC = "branch-events-dlq"
+# Every topic a partition's outputs go to (logical names), in the order the routes name them.
+OUTPUT_TOPICS = (*dict.fromkeys(topic for _, topic, _ in OUTPUT_ROUTES), DEAD_LETTER_TOPIC)
 
 # The next input offset the projection covers: written with every checkpoint's ledger changes, in the
 # changelog and in the store, so a restore knows when it has caught up with the committed offsets.
@@ -86,7 +89,7 @@ class PartitionTask:
         return result
 
     def dead_letter(self, key: bytes | None, letter: dict) -> None:
-        self.records.append(("branch-events-dlq", key, self.codec.encode("DeadLetter", letter)))
+        self.records.append((DEAD_LETTER_TOPIC, key, self.codec.encode("DeadLetter", letter)))
         self.dead_letters += 1
 
     def discard(self) -> None:

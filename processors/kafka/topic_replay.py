@@ -30,14 +30,13 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, KafkaErr
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from processors.kafka.errors import KafkaFailure
-from processors.kafka.partition import OUTPUT_ROUTES
+from processors.kafka.partition import OUTPUT_ROUTES, OUTPUT_TOPICS
 from processors.partitioned import decode_record, gather_workers, send_outcome, start_workers, stop_workers
 from processors.replay import Input, Replayer, ReplayResult, child_entry, ledger_snapshot, parent_entry
 from projections import keys
 from projections.store import MemoryStore, RocksStore, Store
 from schemas.codec import HEADER_SIZE, Codec, CodecError, default_codec
 
-OUTPUT_TOPICS = ("settlement-results", "capacity-releases", "settlement-audit", "branch-events-dlq")
 DERIVED = {  # output topic -> (kind, the Outputs list it is derived from)
     "settlement-results": (("SettlementResult", "results"),),
     "capacity-releases": (("CapacityReleased", "releases"), ("ParentSettled", "settled")),
