@@ -26,8 +26,21 @@ def touch(ctx: EventContext, view: LedgerView, parent: dict, child: dict | None 
 
 
 def set_state(ctx: EventContext, view: LedgerView, parent: dict, child: dict, new_state: str, note: str) -> None:
-    """Move a child to `new_state`, keeping the parent's live-children count, with an audit record."""
+    """Move a child to `new_state`, with an audit record, keeping what the parent derives from its children's
+    states: the live-children count, and the term that holds the child's remainder. Where the remainder is
+    held is a function of the state (`model.holding_term`), so this one place moves it whenever that term
+    changes (live <-> reconciliation), and no handler can forget to. Settling states hold nothing: the
+    settlement step has released or committed the remainder before it calls this."""
     old_state = child["state"]
+    old_term = model.holding_term(old_state)
+    new_term = model.holding_term(new_state)
+    if old_term != new_term and old_term is not None and new_term is not None:
+        dims = parent["dimensions"]
+        for dim in child["reserved"]:
+            quantity = model.remainder(child, dim)
+            if quantity:
+                dims[dim][old_term] -= quantity
+                dims[dim][new_term] += quantity
     was_live = old_state in model.LIVE_STATES
     is_live = new_state in model.LIVE_STATES
     if was_live and not is_live:
@@ -138,7 +151,9 @@ def usage_delta(ctx: EventContext, parent: dict, child: dict, total: dict[str, i
 def hand_to_retry(ctx: EventContext, view: LedgerView, parent: dict, child: dict, total: dict[str, int],
                   retry_attempt_id: str) -> None:
     """Commit the failed attempt's usage and keep the remainder with the child for the retry attempt, in
-    one step: the capacity never passes through the parent, so no sibling can take it in between."""
+    one step: the capacity never passes through the parent, so no sibling can take it in between. From
+    reconciliation too (SPEC §4): the usage is committed out of `pending`, and the child, live again, holds
+    its remainder in `outstanding` (set_state moves it)."""
     commit_usage(ctx, view, parent, child, usage_delta(ctx, parent, child, total))
     old_attempt = child["attempt_id"]
     child["reserved"] = {dim: model.remainder(child, dim) for dim in child["reserved"]}
@@ -147,21 +162,16 @@ def hand_to_retry(ctx: EventContext, view: LedgerView, parent: dict, child: dict
     child["lease_generation"] += 1
     child["activated"] = False
     child["lease_expires_at_ms"] = None
+    child["reconcile_deadline_ms"] = None
     child["usage_report_ids"] = []
     set_state(ctx, view, parent, child, model.RESERVED, f"remainder handed from attempt {old_attempt} to retry")
 
 
 def to_reconciliation(ctx: EventContext, view: LedgerView, parent: dict, child: dict, note: str, *,
                       lease_expired: bool = False) -> None:
-    """Outcome unknown: the remainder moves to `pending` (never to `available`) until a late report or an
-    operator settles it, or the reconciliation timeout strands it. A lease expiry passes through
-    `expired` first, so the audit trail shows both steps."""
-    dims = parent["dimensions"]
-    for dim in child["reserved"]:
-        quantity = model.remainder(child, dim)
-        if quantity:
-            dims[dim]["outstanding"] -= quantity
-            dims[dim]["pending"] += quantity
+    """Outcome unknown: the child enters reconciliation, so its remainder is held in `pending` (never in
+    `available`: set_state moves it) until a late report or an operator settles it, or the reconciliation
+    timeout strands it. A lease expiry passes through `expired` first, so the audit trail shows both steps."""
     deadline_ms = ctx.now_ms + parent["reconciliation_timeout_ms"]
     child["reconcile_deadline_ms"] = deadline_ms
     child["lease_expires_at_ms"] = None
