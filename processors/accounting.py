@@ -156,6 +156,11 @@ def hand_to_retry(ctx: EventContext, view: LedgerView, parent: dict, child: dict
     its remainder in `outstanding` (set_state moves it)."""
     commit_usage(ctx, view, parent, child, usage_delta(ctx, parent, child, total))
     old_attempt = child["attempt_id"]
+    earlier = child["earlier_attempts_consumed"]
+    for dim, quantity in child["consumed"].items():
+        if quantity:
+            earlier[dim] = earlier.get(dim, 0) + quantity
+    child["earlier_attempts_consumed"] = dict(sorted(earlier.items()))
     child["reserved"] = {dim: model.remainder(child, dim) for dim in child["reserved"]}
     child["consumed"] = {dim: 0 for dim in child["reserved"]}
     child["attempt_id"] = retry_attempt_id

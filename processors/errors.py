@@ -18,12 +18,25 @@ class InvariantViolation(SettlementError):
     stopped, keep the input, file the event offset and the message; never "repair" with a release.
     """
 
-    def __init__(self, parent_id: str, dimension: str, detail: str, event_id: str) -> None:
+    def __init__(self, parent_id: str, dimension: str, detail: str, event_id: str, offset: int | None = None,
+                 diagnosis: str = "") -> None:
         self.parent_id = parent_id
         self.dimension = dimension
         self.event_id = event_id
+        self.offset = offset
+        at = f" at input offset {offset}" if offset is not None else ""
         super().__init__(f"invariant violated for parent {parent_id!r} dimension {dimension!r} "
-                         f"after event {event_id!r}: {detail}")
+                         f"after event {event_id!r}{at}: {detail}" + (f"; {diagnosis}" if diagnosis else ""))
+
+
+class LedgerAuditFailure(InvariantViolation):
+    """The ledger auditor (processors/ledger_auditor.py) recomputed a balance term, a child's conservation of
+    what it held, or a parent's closing condition from first principles and found the fold's ledger
+    disagreeing, even where the invariant's sum still holds: a bug in the fold, never bad input.
+
+    Raised where the auditor runs: the tests, the bounded exhaustive check and the fault simulation.
+    Operator or developer: keep the input, reproduce with the seed or sequence the message names, fix the
+    fold."""
 
 
 class InputError(SettlementError):

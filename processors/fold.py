@@ -215,7 +215,7 @@ _CAPACITY = model.BALANCE_TERMS.index("capacity")
 _OVERDRAWN = model.BALANCE_TERMS.index("overdrawn")
 
 
-def check_invariant(parent: dict, event_id: str) -> None:
+def check_invariant(parent: dict, ctx: EventContext, view: LedgerView) -> None:
     live = parent["live_children"]
     if 0 <= live <= parent["open_children"]:
         for balance in parent["dimensions"].values():
@@ -224,24 +224,51 @@ def check_invariant(parent: dict, event_id: str) -> None:
                 break
         else:
             return
-    _raise_violation(parent, event_id)
+    _raise_violation(parent, ctx, view)
 
 
-def _raise_violation(parent: dict, event_id: str) -> None:
-    """The first violation of the parent, described."""
+def _raise_violation(parent: dict, ctx: EventContext, view: LedgerView) -> None:
+    """The first violation of the parent, described with what its children say the terms should be."""
     parent_id = parent["parent_id"]
+    event_id, offset = ctx.event["event_id"], ctx.offset
+    diagnosis = describe_children(parent, ctx, view)
     if not 0 <= parent["live_children"] <= parent["open_children"]:
         raise InvariantViolation(parent_id, "*", f"live_children = {parent['live_children']}, "
-                                                 f"open_children = {parent['open_children']}", event_id)
+                                                 f"open_children = {parent['open_children']}", event_id, offset,
+                                 diagnosis)
     for dim, balance in parent["dimensions"].items():
         if min(_balance_terms(balance)) < 0:
             term = next(term for term in model.BALANCE_TERMS if balance[term] < 0)
-            raise InvariantViolation(parent_id, dim, f"{term} = {balance[term]} < 0", event_id)
+            raise InvariantViolation(parent_id, dim, f"{term} = {balance[term]} < 0", event_id, offset, diagnosis)
         held = sum(_held_terms(balance))
         if held != balance["capacity"] + balance["overdrawn"]:
             raise InvariantViolation(
                 parent_id, dim, f"terms add up to {held}, capacity + overdrawn = "
-                                f"{balance['capacity'] + balance['overdrawn']}: {balance}", event_id)
+                                f"{balance['capacity'] + balance['overdrawn']}: {balance}", event_id, offset,
+                diagnosis)
+
+
+def _holds(child: dict) -> str:
+    term = model.holding_term(child["state"])
+    if term is None:
+        return "holds nothing"
+    return f"holds {dict((dim, model.remainder(child, dim)) for dim in child['reserved'])} in {term}"
+
+
+def describe_children(parent: dict, ctx: EventContext, view: LedgerView) -> str:
+    """The ledger auditor's view of a broken parent: each child-derived term that disagrees with its children
+    (model.held_by_children), and the children this event changed, with their states and remainders: where a
+    remainder sits in the wrong term, one of them moved it."""
+    children = [view.child(parent["parent_id"], child_id) for child_id in parent["children"]]
+    derived = model.held_by_children(parent, [child for child in children if child is not None])
+    wrong = [f"{dim}.{term} = {parent['dimensions'][dim][term]}, its children hold {quantity}"
+             for dim, terms in derived.items() for term, quantity in terms.items()
+             if parent["dimensions"][dim][term] != quantity]
+    changed = [f"{child['child_id']} ({child['state']}, attempt {child['attempt_id']}, "
+               + _holds(child) + ")"
+               for child in ctx.touched_children.values() if child["parent_id"] == parent["parent_id"]]
+    return (f"recomputed from the children: {'; '.join(wrong) or 'every child-derived term agrees'}; "
+            f"children this event changed: {', '.join(changed) or 'none'}")
 
 
 class Fold:
@@ -262,7 +289,7 @@ class Fold:
         else:
             code, detail = self._apply_once(ctx)
         for parent in ctx.touched.values():
-            check_invariant(parent, event["event_id"])
+            check_invariant(parent, ctx, self.view)
         result = {
             "event_id": event["event_id"],
             "idempotency_key": event["idempotency_key"],

@@ -107,6 +107,7 @@ def new_child(parent_id: str, child_id: str, branch_id: str, attempt_id: str, qu
         "reconcile_deadline_ms": None,
         "reserved": reserved,
         "consumed": {dim: 0 for dim in reserved},
+        "earlier_attempts_consumed": {},
         "awaiting": {},
         "awaiting_destination": {},
         "escalated": {},
@@ -131,3 +132,18 @@ def holding_term(state: str) -> str | None:
 
 def new_meta() -> dict:
     return {"ledger_time_ms": 0, "last_tick_key": None}
+
+
+def held_by_children(parent: dict, children: list[dict]) -> dict[str, dict[str, int]]:
+    """Per dimension, the balance terms that the children's states alone determine: `outstanding` (the
+    remainders of live children), `pending` (of children in reconciliation) and `awaiting_confirmation`
+    (released physical remainders the scheduler has not confirmed free). The fold keeps these terms as running
+    sums; the ledger auditor and an invariant violation's description recompute them from here."""
+    held = {dim: {"outstanding": 0, "pending": 0, "awaiting_confirmation": 0} for dim in parent["dimensions"]}
+    for child in children:
+        term = holding_term(child["state"])
+        for dim, terms in held.items():
+            if term is not None:
+                terms[term] += remainder(child, dim)
+            terms["awaiting_confirmation"] += child["awaiting"].get(dim, 0)
+    return held

@@ -1,11 +1,12 @@
 """A ledger under test: build events in their JSON form, normalise them through the codec exactly as
-replay does, fold them, and read balances back."""
+replay does, fold them with the ledger auditor checking every balance term after every event
+(processors/ledger_auditor.py), and read balances back."""
 
 from __future__ import annotations
 
 import itertools
 
-from processors.fold import Fold
+from processors.ledger_auditor import AuditedFold
 from processors.outputs import Outputs
 from processors.replay import open_view
 from projections.store import MemoryStore
@@ -20,7 +21,7 @@ class Ledger:
         self.codec = default_codec()
         self.store = store if store is not None else MemoryStore()
         self.view = open_view(self.store, self.codec)
-        self.fold = Fold(self.view)
+        self.fold = AuditedFold(self.view)
         self.out = Outputs()
         self._offsets = itertools.count()
         self._ids = itertools.count(1)

@@ -454,3 +454,14 @@ def test_container_errors_are_codec_errors(codec):
     buffer.seek(0)
     with pytest.raises(CodecError, match="TimerRecord, which is not an event record"):
         list(codec.read_container(buffer))
+
+
+def test_a_child_record_written_before_earlier_attempts_consumed_reads_with_none() -> None:
+    """A projection or changelog written before the field existed restores: the field reads as {}."""
+    old = {"parent_id": "P", "child_id": "A", "branch_id": "A", "attempt_id": "A1", "state": "reserved",
+           "activated": False, "lease_generation": 0, "lease_expires_at_ms": None, "reconcile_deadline_ms": None,
+           "reserved": {"tokens": 20}, "consumed": {"tokens": 0}, "awaiting": {}, "awaiting_destination": {},
+           "escalated": {}, "usage_report_ids": []}
+    name, record = default_codec().decode(single_object(SCHEMA_DIR / "history" / "LedgerChild.v1.avsc", old))
+    assert name == "LedgerChild"
+    assert record == {**old, "earlier_attempts_consumed": {}}
