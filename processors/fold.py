@@ -55,6 +55,7 @@ ID_FIELDS = {
 QUANTITY_FIELDS = ("quantities", "usage")
 TTL_FIELDS = ("lease_ttl_ms",)
 PARENT_OUTCOMES = frozenset({"succeeded", "failed", "cancelled"})
+OUTCOME_EVENTS = frozenset({"CancelAcknowledged", "ChildFailed"})
 RESOLUTIONS = frozenset({"late_report", "operator"})
 
 
@@ -147,6 +148,8 @@ def _plainly_valid(event: dict) -> bool:
         return event["outcome"] in PARENT_OUTCOMES
     if etype == "ReconciliationResolved":
         return event["resolution"] in RESOLUTIONS
+    if etype in OUTCOME_EVENTS:
+        return _outcome_problem(event) is None
     return True
 
 
@@ -184,6 +187,29 @@ def _problem(event: dict) -> str | None:
         return f"outcome must be one of {sorted(PARENT_OUTCOMES)}"
     if etype == "ReconciliationResolved" and event["resolution"] not in RESOLUTIONS:
         return f"resolution must be one of {sorted(RESOLUTIONS)}"
+    if etype in OUTCOME_EVENTS:
+        return _outcome_problem(event)
+    return None
+
+
+def _outcome_problem(event: dict) -> str | None:
+    """A CancelAcknowledged or ChildFailed reports its usage as known (a total) or uncertain, never both; a
+    retry keeps the capacity only with known usage, and only for another attempt."""
+    uncertain, usage = event["usage_uncertain"], event["usage"]
+    if uncertain and usage is not None:
+        return "usage and usage_uncertain are exclusive"
+    if not uncertain and usage is None:
+        if event["type"] == "CancelAcknowledged":
+            return "a cancel acknowledgement needs usage or usage_uncertain"
+        if event["activated"]:
+            return "a failure after activation needs usage or usage_uncertain"
+    retry = event.get("retry_attempt_id")
+    if retry is not None and uncertain:
+        return "a retry can keep the capacity only when the usage is known"
+    if retry is not None and (not retry or "\x00" in retry):
+        return "retry_attempt_id must be non-empty and contain no NUL"
+    if retry == event["attempt_id"]:
+        return "retry_attempt_id names the failing attempt itself"
     return None
 
 

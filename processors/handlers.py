@@ -3,6 +3,8 @@ and changing nothing, then applies through the steps of processors/accounting.py
 
 from __future__ import annotations
 
+from typing import Callable
+
 from processors import accounting as acc
 from processors import results as r
 from processors.context import EventContext
@@ -70,8 +72,11 @@ def _check_attempt(ctx: EventContext, parent: dict, child: dict, attempt_id: str
                         f"(held by {child['attempt_id']!r})")
 
 
-def _report_target(ctx: EventContext, view: LedgerView) -> tuple[dict, dict]:
-    """Common checks of a usage or outcome report from an executor; returns (parent, child)."""
+def _report_target(ctx: EventContext, view: LedgerView,
+                   enters_reconciliation: Callable[[dict], bool] | None = None) -> tuple[dict, dict]:
+    """Common checks of a usage or outcome report from an executor, in SPEC §5's order (parent, attempt,
+    state, generation); returns (parent, child). `enters_reconciliation(child)` says whether the report
+    would send the child to reconciliation, which a child already there refuses."""
     event = ctx.event
     parent = _parent(ctx, view)
     child = _child(view, parent, event["child_id"])
@@ -83,6 +88,8 @@ def _report_target(ctx: EventContext, view: LedgerView) -> tuple[dict, dict]:
     if state == model.STRANDED:
         raise _escalate(ctx, parent, child, r.INVALID_TRANSITION,
                         "child is stranded: only an operator's ReconciliationResolved settles it")
+    if state in model.PENDING_STATES and enters_reconciliation is not None and enters_reconciliation(child):
+        raise Reject(r.INVALID_TRANSITION, f"child is already in reconciliation ({state})")
     generation = event["lease_generation"]
     if generation < child["lease_generation"]:
         raise _escalate(ctx, parent, child, r.STALE_LEASE_GENERATION,
@@ -244,9 +251,9 @@ def reservation_transferred(ctx: EventContext, view: LedgerView) -> None:
     event = ctx.event
     parent = _parent(ctx, view)
     child = _child(view, parent, event["child_id"])
+    _check_attempt(ctx, parent, child, event["from_attempt_id"])
     if child["state"] in model.SETTLED_STATES:
         raise Reject(r.ALREADY_SETTLED, f"child {child['child_id']!r} is {child['state']}")
-    _check_attempt(ctx, parent, child, event["from_attempt_id"])
     if child["state"] != model.RESERVED or child["activated"]:
         raise Reject(r.INVALID_TRANSITION, f"only a never-activated reserved child can be transferred "
                                            f"(child is {child['state']})")
@@ -294,18 +301,6 @@ def _settle_outcome(ctx: EventContext, view: LedgerView, parent: dict, child: di
         acc.settle(ctx, view, parent, child, usage, reason, note)
 
 
-def _check_outcome_shape(event: dict, parent: dict, child: dict) -> None:
-    if event["usage_uncertain"] and event["usage"] is not None:
-        raise Reject(r.INVALID_EVENT, "usage and usage_uncertain are exclusive")
-    if event["usage_uncertain"] and event.get("retry_attempt_id"):
-        raise Reject(r.INVALID_EVENT, "a retry can keep the capacity only when the usage is known")
-    if event["usage_uncertain"] and child["state"] in model.PENDING_STATES:
-        raise Reject(r.INVALID_TRANSITION, f"child is already in reconciliation ({child['state']})")
-    retry = event.get("retry_attempt_id")
-    if retry and retry == child["attempt_id"]:
-        raise Reject(r.INVALID_EVENT, "retry_attempt_id names the failing attempt itself")
-
-
 def cancel_requested(ctx: EventContext, view: LedgerView) -> None:
     event = ctx.event
     parent = _parent(ctx, view)
@@ -325,28 +320,26 @@ def cancel_requested(ctx: EventContext, view: LedgerView) -> None:
 
 def cancel_acknowledged(ctx: EventContext, view: LedgerView) -> None:
     event = ctx.event
-    parent, child = _report_target(ctx, view)
-    if not event["usage_uncertain"] and event["usage"] is None:
-        raise Reject(r.INVALID_EVENT, "a cancel acknowledgement needs usage or usage_uncertain")
-    _check_outcome_shape(event, parent, child)
+    parent, child = _report_target(ctx, view, lambda child: event["usage_uncertain"])
     _settle_outcome(ctx, view, parent, child, _known_usage(event), "cancel_acknowledged")
 
 
 def child_failed(ctx: EventContext, view: LedgerView) -> None:
     event = ctx.event
-    parent, child = _report_target(ctx, view)
-    _check_outcome_shape(event, parent, child)
-    if event["activated"] and not event["usage_uncertain"] and event["usage"] is None:
-        raise Reject(r.INVALID_EVENT, "a failure after activation needs usage or usage_uncertain")
-    if not event["activated"] and child["activated"] and event["usage"] is None:
+    parent, child = _report_target(ctx, view, lambda child: _failure_is_uncertain(event, child))
+    if not event["usage_uncertain"] and _failure_is_uncertain(event, child):
         # The executor says it never started, but the ledger granted the dispatch: a lost worker does not
         # prove that nothing was consumed.
-        if child["state"] in model.PENDING_STATES:
-            raise Reject(r.INVALID_TRANSITION, f"child is already in reconciliation ({child['state']})")
         acc.to_reconciliation(ctx, view, parent, child,
                               "failure reported as before activation, but the ledger shows an activation")
         return
     _settle_outcome(ctx, view, parent, child, _known_usage(event), "failed", event["reason"])
+
+
+def _failure_is_uncertain(event: dict, child: dict) -> bool:
+    """A failure whose usage the ledger cannot take as known: said to be uncertain, or reported as before
+    activation (no usage) for a child the ledger activated."""
+    return event["usage_uncertain"] or (not event["activated"] and child["activated"] and event["usage"] is None)
 
 
 def reconciliation_resolved(ctx: EventContext, view: LedgerView) -> None:
@@ -401,8 +394,13 @@ def speculative_winner(ctx: EventContext, view: LedgerView) -> None:
     winner_id = event["winner_attempt_id"]
     branch = [view.child(parent["parent_id"], cid) for cid in parent["children"]]
     branch = [c for c in branch if c["branch_id"] == branch_id]
-    if not any(c["attempt_id"] == winner_id for c in branch):
+    winners = [c for c in branch if c["attempt_id"] == winner_id]
+    if not winners:
         raise Reject(r.UNKNOWN_CHILD, f"no child of branch {branch_id!r} is held by attempt {winner_id!r}")
+    if any(c["state"] == model.STRANDED for c in winners):
+        # SPEC §5: a stranded child takes no event but an operator's resolution; a winner whose outcome is
+        # unknown must not have its live siblings cancelled either.
+        raise Reject(r.INVALID_TRANSITION, f"the winning attempt {winner_id!r} holds a stranded child")
     named = parent["winners"].get(branch_id)
     if named is not None and named != winner_id:
         raise Reject(r.INVALID_TRANSITION, f"branch {branch_id!r} already has winner {named!r}")
