@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 SHARED ?= $(abspath ../shared)
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit kafka-up kafka-down kafka-status bench bench-quick bench-fold bench-replay faults clean
+.PHONY: install demo test test-unit verify kafka-up kafka-down kafka-status bench bench-quick bench-fold bench-replay faults clean
 
 install: $(STAMP)
 
@@ -26,6 +26,11 @@ test: install kafka-up
 
 test-unit: install
 	SHARED_DIR=$(SHARED) $(BIN)/pytest -m unit
+
+# The bounded exhaustive check of the fold, deeper than `make test` runs it (tests/exhaustive.py).
+DEPTH ?= 5
+verify: install
+	$(BIN)/python -m tests.exhaustive --depth $(DEPTH)
 
 kafka-up:
 	@bash deploy/kafka.sh up

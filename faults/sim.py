@@ -16,8 +16,8 @@ reports, malformed records) over two partitions with, chosen by the seed: crashe
 sequence and in the middle of restores, crashes between folds, deleted projections, redelivered messages,
 and broker errors (failed deliveries, fenced producers, offsets that time out, retriable commit errors, commits that must abort,
 commits whose outcome is unknown, committed or not). Then everything committed is compared with a run
-without faults and with the offline fold. `python -m faults.sim --runs 5000`; a failure prints the seed and
-`python -m faults.sim --seed N` reproduces it.
+without faults and with the offline fold, which runs the ledger auditor after every event.
+`python -m faults.sim --runs 5000`; a failure prints the seed and `python -m faults.sim --seed N` reproduces it.
 """
 
 from __future__ import annotations
@@ -447,7 +447,9 @@ def reference(seed: int, events: int) -> Reference:
                     items.append(Input(offset, CODEC.decode_event(value)))
                 except CodecError as exc:
                     items.append(Input(offset, None, str(exc)))
-            result, store = replay(items, codec=CODEC, partition=p)
+            # The ledger auditor checks every balance term after every event of the reference fold: every faulty
+            # run must then reproduce it byte for byte.
+            result, store = replay(items, codec=CODEC, partition=p, audit_ledger=True)
             offline[p] = (result, ledger_snapshot(store, CODEC))
             got = [CODEC.decode(v)[1] for v in outputs[("settlement-results", p, "SettlementResult")]]
             assert got == result.outputs.results, f"seed {seed}: the fault-free run's results differ from the offline fold"

@@ -20,6 +20,7 @@ from typing import Iterable, Iterator
 
 from processors import gc_tuning
 from processors.fold import Fold
+from processors.ledger_auditor import AuditedFold
 from processors.outputs import Outputs
 from projections import keys, model
 from projections.store import MemoryStore, Store
@@ -167,9 +168,12 @@ def replay(
     codec: Codec | None = None,
     partition: int = 0,
     checkpoint_events: int = DEFAULT_CHECKPOINT_EVENTS,
+    audit_ledger: bool = False,
 ) -> tuple[ReplayResult, Store]:
-    """Fold every input into `store` (a fresh MemoryStore by default); return the outputs and the store."""
-    replayer = Replayer(store, codec=codec, partition=partition, checkpoint_events=checkpoint_events)
+    """Fold every input into `store` (a fresh MemoryStore by default); return the outputs and the store.
+    `audit_ledger`: run the ledger auditor after every event (processors/ledger_auditor.py)."""
+    replayer = Replayer(store, codec=codec, partition=partition, checkpoint_events=checkpoint_events,
+                        audit_ledger=audit_ledger)
     feed = replayer.feed
     for item in inputs:
         feed(item)
@@ -181,11 +185,11 @@ class Replayer:
     records arrive from the broker), so folding can start before the whole input is read."""
 
     def __init__(self, store: Store | None = None, *, codec: Codec | None = None, partition: int = 0,
-                 checkpoint_events: int = DEFAULT_CHECKPOINT_EVENTS) -> None:
+                 checkpoint_events: int = DEFAULT_CHECKPOINT_EVENTS, audit_ledger: bool = False) -> None:
         self.codec = codec or default_codec()
         self.store = store if store is not None else MemoryStore()
         self.view = open_view(self.store, self.codec)
-        self.fold = Fold(self.view, partition)
+        self.fold = (AuditedFold if audit_ledger else Fold)(self.view, partition)
         self.result = ReplayResult(Outputs())
         self.checkpoint_events = checkpoint_events
         self.since_checkpoint = 0

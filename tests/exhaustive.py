@@ -1,0 +1,242 @@
+"""Bounded exhaustive check of the fold: every event sequence up to a depth over a small universe, breadth
+first, equal ledger states explored once.
+
+The universe: one parent (10 `tokens`, logical; 2 `gpus`, physical; at most 2 live children; a 30 ms lease),
+two children (`c1` reserves 4 tokens and 1 GPU, `c2` 4 tokens; both on branch `b`, so they race as speculative
+copies), two attempts each (`a1` and the retry `a2`), two lease generations, and ticks that cross each child's
+10 ms lease, its 10 ms reconciliation timeout and the parent's lease. The alphabet (`alphabet()`) holds every
+event type of the contract with the variants that the rules tell apart: attempts that hold the child and ones
+that do not, generations granted, stale and unknown, known and uncertain usage, hand-offs to the retry,
+overruns, physical releases confirmed with the right and the wrong dimension, redeliveries (each event has one
+idempotency key, so applying it twice is a duplicate) and an idempotency conflict for each kind of key.
+
+After every step it checks: the fold raised nothing (an invariant violation is a bug like any other), the
+ledger auditor (processors/ledger_auditor.py: every balance term recomputed, each child's conservation, every
+release key once), and determinism: the same event applied again to the same state gives the same outputs and
+the same ledger, byte for byte. The start state has the parent reserved at the partition's first tick.
+
+`python -m tests.exhaustive --depth N` (`make verify DEPTH=N`) prints the depth and the number of distinct
+states explored; a failure prints the sequence that reaches it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+
+from processors.kafka.partition import OUTPUT_ROUTES
+from processors.ledger_auditor import AuditedFold, LedgerAuditor
+from processors.outputs import Outputs
+from projections.store import MemoryStore
+from projections.view import CacheBudget, LedgerView
+from schemas.codec import default_codec
+
+PARENT = "P"
+START_MS = 1_000
+CHILD_TTL_MS = 10
+RECONCILIATION_MS = 10
+PARENT_TTL_MS = 30
+# Ticks after the start: past a lease granted at the start, past its reconciliation timeout (and a lease
+# granted after the first tick), past the parent's lease.
+TICKS_MS = (START_MS + 11, START_MS + 22, START_MS + 33)
+CHILDREN = {"c1": {"tokens": 4, "gpus": 1}, "c2": {"tokens": 4}}
+BRANCH = "b"
+CODEC = default_codec()
+# Views made here must not share (and reshare) the process-wide cache budget: one of its own, never trimmed.
+_BUDGET = CacheBudget(1 << 40)
+
+
+def parent_reserved(tokens: int = 10) -> dict:
+    return {"type": "ParentReserved", "capacity": {"tokens": {"quantity": tokens, "kind": "logical"},
+                                                   "gpus": {"quantity": 2, "kind": "physical"}},
+            "lease_ttl_ms": PARENT_TTL_MS,
+            "policy": {"max_live_children": 2, "reconciliation_timeout_ms": RECONCILIATION_MS, "lending_limit": {}}}
+
+
+def alphabet() -> dict[str, dict]:
+    """label -> event (JSON form, without the common fields). Each label is its own idempotency key, so a
+    label applied twice is a redelivery; labels ending in `!` reuse another label's key with another payload."""
+    events: dict[str, tuple[str, dict]] = {}
+
+    def add(label: str, etype: str, key: str | None = None, **fields) -> None:
+        events[label] = (key or label, {"type": etype, **fields})
+
+    add("reserve-parent!", "ParentReserved", key="reserve-parent", **{k: v for k, v in parent_reserved(9).items()
+                                                                        if k != "type"})
+    for child, quantities in CHILDREN.items():
+        gpus = "gpus" in quantities
+        add(f"reserve {child}", "ChildReserved", child_id=child, branch_id=BRANCH, attempt_id="a1",
+            quantities=quantities)
+        add(f"reserve {child}!", "ChildReserved", key=f"reserve {child}", child_id=child, branch_id=BRANCH,
+            attempt_id="a1", quantities={"tokens": 1})
+        for attempt, generation in (("a1", 1), ("a2", 2), ("a1", 2)):
+            add(f"activate {child} {attempt} g{generation}", "ChildActivated", child_id=child, attempt_id=attempt,
+                lease_generation=generation, lease_ttl_ms=CHILD_TTL_MS)
+        add(f"renew {child} a1 g1", "LeaseRenewed", child_id=child, attempt_id="a1", lease_generation=1,
+            lease_ttl_ms=CHILD_TTL_MS)
+        add(f"renew {child} a1 g2", "LeaseRenewed", child_id=child, attempt_id="a1", lease_generation=2,
+            lease_ttl_ms=CHILD_TTL_MS)
+        for attempt, generation in (("a1", 1), ("a2", 2), ("a1", 2)):
+            usage = {"tokens": 2, "gpus": 1} if gpus else {"tokens": 2}
+            add(f"usage {child} {attempt} g{generation}", "UsageReported", child_id=child, attempt_id=attempt,
+                lease_generation=generation, usage_report_id=f"r-{attempt}", usage=usage, final=False)
+        add(f"usage! {child} a1 g1", "UsageReported", key=f"usage {child} a1 g1", child_id=child, attempt_id="a1",
+            lease_generation=1, usage_report_id="r-a1", usage={"tokens": 3}, final=False)
+        add(f"final {child} a1 g1", "UsageReported", child_id=child, attempt_id="a1", lease_generation=1,
+            usage_report_id="r-final", usage={"tokens": 1}, final=True)
+        for attempt, generation, tokens in (("a1", 1, 3), ("a2", 2, 1), ("a1", 1, 6)):
+            usage = {"tokens": tokens, "gpus": 1} if gpus else {"tokens": tokens}
+            add(f"complete {child} {attempt} g{generation} {tokens}", "ChildCompleted", child_id=child,
+                attempt_id=attempt, lease_generation=generation, usage=usage)
+        add(f"skip {child} a1", "ChildSkipped", child_id=child, attempt_id="a1", reason="not needed")
+        add(f"cancel {child} a1", "CancelRequested", child_id=child, attempt_id="a1", reason="user")
+        add(f"ack {child} a1 g1 1", "CancelAcknowledged", child_id=child, attempt_id="a1", lease_generation=1,
+            usage={"tokens": 1})
+        add(f"ack {child} a1 g1 ?", "CancelAcknowledged", child_id=child, attempt_id="a1", lease_generation=1,
+            usage_uncertain=True)
+        add(f"ack {child} a1 g1 1 retry", "CancelAcknowledged", child_id=child, attempt_id="a1",
+            lease_generation=1, usage={"tokens": 1}, retry_attempt_id="a2")
+        add(f"fail {child} a1 g1 1", "ChildFailed", child_id=child, attempt_id="a1", lease_generation=1,
+            activated=True, usage={"tokens": 1}, reason="boom")
+        add(f"fail {child} a1 g1 ?", "ChildFailed", child_id=child, attempt_id="a1", lease_generation=1,
+            activated=True, usage_uncertain=True, reason="lost")
+        add(f"fail {child} a1 g1 1 retry", "ChildFailed", child_id=child, attempt_id="a1", lease_generation=1,
+            activated=True, usage={"tokens": 1, "gpus": 1} if gpus else {"tokens": 1}, reason="boom",
+            retry_attempt_id="a2")
+        add(f"fail {child} a1 unstarted", "ChildFailed", child_id=child, attempt_id="a1", lease_generation=0,
+            activated=False, reason="never started")
+        add(f"fail {child} a2 g2 ?", "ChildFailed", child_id=child, attempt_id="a2", lease_generation=2,
+            activated=True, usage_uncertain=True, reason="lost")
+        add(f"transfer {child} a1>a2", "ReservationTransferred", child_id=child, from_attempt_id="a1",
+            to_attempt_id="a2")
+        for attempt in ("a1", "a2"):
+            add(f"resolve {child} {attempt}", "ReconciliationResolved", child_id=child, attempt_id=attempt,
+                usage={"tokens": 2}, resolution="late_report")
+        add(f"adjust {child} a1", "UsageAdjustment", child_id=child, attempt_id="a1", usage={"tokens": 1},
+            reason="invoice")
+        for attempt in ("a1", "a2"):
+            add(f"confirm {child} {attempt} gpus", "SchedulerReleaseConfirmed", child_id=child, attempt_id=attempt,
+                dimension="gpus")
+        add(f"confirm {child} a1 tokens", "SchedulerReleaseConfirmed", child_id=child, attempt_id="a1",
+            dimension="tokens")
+    add("winner a1", "SpeculativeWinner", branch_id=BRANCH, winner_attempt_id="a1")
+    add("winner a2", "SpeculativeWinner", branch_id=BRANCH, winner_attempt_id="a2")
+    add("close", "ParentClosed", outcome="succeeded")
+    add("close!", "ParentClosed", key="close", outcome="failed")
+    out = {}
+    for label, (key, fields) in events.items():
+        out[label] = CODEC.event_from_json({"event_id": label, "idempotency_key": key, "parent_id": PARENT,
+                                            "occurred_at_ms": 0, **fields})
+    for now_ms in TICKS_MS:
+        out[f"tick {now_ms - START_MS}"] = tick(now_ms)
+    return out
+
+
+def tick(now_ms: int) -> dict:
+    return CODEC.event_from_json({"type": "Tick", "event_id": f"tick-{now_ms}", "idempotency_key": f"tick/{now_ms}",
+                                  "parent_id": "", "occurred_at_ms": 0, "now_ms": now_ms})
+
+
+State = tuple[tuple[bytes, bytes], ...]  # the store's contents, sorted: equal ledgers, equal states
+
+
+@dataclass
+class Node:
+    state: State
+    auditor: object  # the auditor's snapshot after reaching the state
+    path: tuple[str, ...]
+
+
+class CheckFailure(AssertionError):
+    """A sequence broke a rule; the message names it."""
+
+
+def _fold(state: State, auditor_snapshot: object | None) -> tuple[MemoryStore, AuditedFold]:
+    store = MemoryStore()
+    store.write(state, 0)
+    auditor = LedgerAuditor()
+    if auditor_snapshot is not None:
+        auditor.restore(auditor_snapshot)
+    return store, AuditedFold(LedgerView(store, CODEC.encode, CODEC.decode, _BUDGET), auditor=auditor)
+
+
+def step(node: Node, label: str, event: dict) -> tuple[State, object, bytes]:
+    """Apply `event` to the node's ledger: (the new state, the auditor's snapshot, the outputs' bytes)."""
+    store, fold = _fold(node.state, node.auditor)
+    out = Outputs()
+    fold.apply(event, len(node.path), out)
+    store.write(fold.view.changes(), 0)
+    encoded = b"".join(CODEC.encode(name, record) for attr, _, name in OUTPUT_ROUTES for record in getattr(out, attr))
+    return tuple(sorted(store._data.items())), fold.auditor.snapshot(), encoded
+
+
+def start() -> Node:
+    store, fold = _fold((), None)
+    out = Outputs()
+    fold.apply(tick(START_MS), 0, out)
+    parent = CODEC.event_from_json({"event_id": "reserve-parent", "idempotency_key": "reserve-parent",
+                                    "parent_id": PARENT, "occurred_at_ms": 0, **parent_reserved()})
+    assert fold.apply(parent, 1, out)["result"] == "ok"
+    store.write(fold.view.changes(), 0)
+    return Node(tuple(sorted(store._data.items())), fold.auditor.snapshot(), ("tick 0", "reserve-parent"))
+
+
+def explore(depth: int, deterministic_every: int = 1, report=None) -> dict:
+    """Breadth first to `depth` events after the start. Returns the counts; raises CheckFailure.
+    `deterministic_every`: apply every n-th step twice to compare bytes (1: every step)."""
+    events = alphabet()
+    root = start()
+    seen = {root.state}
+    frontier = [root]
+    steps = 0
+    started = time.monotonic()
+    per_depth = []
+    for level in range(1, depth + 1):
+        next_frontier = []
+        for node in frontier:
+            for label, event in events.items():
+                steps += 1
+                try:
+                    state, auditor, encoded = step(node, label, event)
+                    if steps % deterministic_every == 0:
+                        again = step(node, label, event)
+                        if again[0] != state or again[2] != encoded:
+                            raise CheckFailure("the same event on the same ledger gave other bytes")
+                except Exception as failure:
+                    path = " -> ".join(node.path[2:] + (label,))
+                    raise CheckFailure(f"depth {level}: {type(failure).__name__}: {failure}\n"
+                                       f"sequence after the start: {path}") from failure
+                if state not in seen:
+                    seen.add(state)
+                    next_frontier.append(Node(state, auditor, node.path + (label,)))
+        frontier = next_frontier
+        per_depth.append(len(frontier))
+        if report:
+            report(f"depth {level}: {len(frontier)} new states, {len(seen)} distinct in all, {steps} steps, "
+                   f"{time.monotonic() - started:.1f} s")
+        if not frontier:
+            break
+    return {"depth": depth, "alphabet": len(events), "distinct_states": len(seen), "steps": steps,
+            "new_per_depth": per_depth, "seconds": round(time.monotonic() - started, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.exhaustive", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--depth", type=int, default=4, help="events after the start state (default 4)")
+    parser.add_argument("--determinism-every", type=int, default=1, metavar="N",
+                        help="apply every N-th step twice and compare the bytes (default 1: every step)")
+    args = parser.parse_args(argv)
+    try:
+        counts = explore(args.depth, args.determinism_every, report=lambda line: print(line, flush=True))
+    except CheckFailure as failure:
+        print(f"FAILED: {failure}", file=sys.stderr)
+        return 1
+    print(f"checked: depth {counts['depth']}, alphabet {counts['alphabet']} events, "
+          f"{counts['distinct_states']} distinct states, {counts['steps']} steps, {counts['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
