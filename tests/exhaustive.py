@@ -13,10 +13,12 @@ idempotency key, so applying it twice is a duplicate) and an idempotency conflic
 After every step it checks: the fold raised nothing (an invariant violation is a bug like any other), the
 ledger auditor (processors/ledger_auditor.py: every balance term recomputed, each child's conservation, every
 release key once), and determinism: the same event applied again to the same state gives the same outputs and
-the same ledger, byte for byte. The start state has the parent reserved at the partition's first tick.
+the same ledger, byte for byte. A start state has the parent reserved at the partition's first tick, and
+perhaps a few events more (`STARTS`): from 'running', depth 4 already holds an expiry, a hand-off to the
+retry, its activation and its settlement.
 
-`python -m tests.exhaustive --depth N` (`make verify DEPTH=N`) prints the depth and the number of distinct
-states explored; a failure prints the sequence that reaches it.
+`python -m tests.exhaustive --depth N` (`make verify DEPTH=N`) prints, per start, the depth and the number of
+distinct states explored; a failure prints the sequence that reaches it.
 """
 
 from __future__ import annotations
@@ -172,22 +174,34 @@ def step(node: Node, label: str, event: dict) -> tuple[State, object, bytes]:
     return tuple(sorted(store._data.items())), fold.auditor.snapshot(), encoded
 
 
-def start() -> Node:
+# Where the exploration starts, after the partition's first tick and the parent's reservation: the prefix of
+# alphabet labels applied first (each must be `ok`). A later start reaches deeper sequences at the same depth.
+STARTS = {
+    "parent": (),
+    "running": ("reserve c1", "activate c1 a1 g1", "reserve c2"),
+}
+
+
+def start(name: str = "parent") -> Node:
     store, fold = _fold((), None)
     out = Outputs()
     fold.apply(tick(START_MS), 0, out)
     parent = CODEC.event_from_json({"event_id": "reserve-parent", "idempotency_key": "reserve-parent",
                                     "parent_id": PARENT, "occurred_at_ms": 0, **parent_reserved()})
     assert fold.apply(parent, 1, out)["result"] == "ok"
+    events = alphabet()
+    for offset, label in enumerate(STARTS[name], start=2):
+        assert fold.apply(events[label], offset, out)["result"] == "ok", label
     store.write(fold.view.changes(), 0)
-    return Node(tuple(sorted(store._data.items())), fold.auditor.snapshot(), ("tick 0", "reserve-parent"))
+    return Node(tuple(sorted(store._data.items())), fold.auditor.snapshot(),
+                ("tick 0", "reserve-parent", *STARTS[name]))
 
 
-def explore(depth: int, deterministic_every: int = 1, report=None) -> dict:
+def explore(depth: int, deterministic_every: int = 1, report=None, start_name: str = "parent") -> dict:
     """Breadth first to `depth` events after the start. Returns the counts; raises CheckFailure.
     `deterministic_every`: apply every n-th step twice to compare bytes (1: every step)."""
     events = alphabet()
-    root = start()
+    root = start(start_name)
     seen = {root.state}
     frontier = [root]
     steps = 0
@@ -205,9 +219,9 @@ def explore(depth: int, deterministic_every: int = 1, report=None) -> dict:
                         if again[0] != state or again[2] != encoded:
                             raise CheckFailure("the same event on the same ledger gave other bytes")
                 except Exception as failure:
-                    path = " -> ".join(node.path[2:] + (label,))
+                    path = " -> ".join(node.path + (label,))
                     raise CheckFailure(f"depth {level}: {type(failure).__name__}: {failure}\n"
-                                       f"sequence after the start: {path}") from failure
+                                       f"sequence: {path}") from failure
                 if state not in seen:
                     seen.add(state)
                     next_frontier.append(Node(state, auditor, node.path + (label,)))
@@ -218,7 +232,7 @@ def explore(depth: int, deterministic_every: int = 1, report=None) -> dict:
                    f"{time.monotonic() - started:.1f} s")
         if not frontier:
             break
-    return {"depth": depth, "alphabet": len(events), "distinct_states": len(seen), "steps": steps,
+    return {"start": start_name, "depth": depth, "alphabet": len(events), "distinct_states": len(seen), "steps": steps,
             "new_per_depth": per_depth, "seconds": round(time.monotonic() - started, 1)}
 
 
@@ -227,14 +241,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth", type=int, default=4, help="events after the start state (default 4)")
     parser.add_argument("--determinism-every", type=int, default=1, metavar="N",
                         help="apply every N-th step twice and compare the bytes (default 1: every step)")
+    parser.add_argument("--start", choices=sorted(STARTS), action="append",
+                        help="the start state(s): 'parent' (just reserved), 'running' (c1 reserved and "
+                             "activated, c2 reserved); default both")
     args = parser.parse_args(argv)
-    try:
-        counts = explore(args.depth, args.determinism_every, report=lambda line: print(line, flush=True))
-    except CheckFailure as failure:
-        print(f"FAILED: {failure}", file=sys.stderr)
-        return 1
-    print(f"checked: depth {counts['depth']}, alphabet {counts['alphabet']} events, "
-          f"{counts['distinct_states']} distinct states, {counts['steps']} steps, {counts['seconds']} s")
+    for name in args.start or sorted(STARTS):
+        print(f"start {name!r}: {' -> '.join(STARTS[name]) or 'the parent reserved'}", flush=True)
+        try:
+            counts = explore(args.depth, args.determinism_every, report=lambda line: print(line, flush=True),
+                             start_name=name)
+        except CheckFailure as failure:
+            print(f"FAILED: {failure}", file=sys.stderr)
+            return 1
+        print(f"checked from {name!r}: depth {counts['depth']}, alphabet {counts['alphabet']} events, "
+              f"{counts['distinct_states']} distinct states, {counts['steps']} steps, {counts['seconds']} s",
+              flush=True)
     return 0
 
 
