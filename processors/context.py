@@ -62,10 +62,14 @@ class EventContext:
     ) -> None:
         event = self.event
         child_id = child["child_id"] if child else ""
+        parent_id = parent["parent_id"]
         self.out.releases.append(
             {
-                "release_key": f"{event['idempotency_key']}/{child_id or '-'}/{dimension}/{destination}",
-                "parent_id": parent["parent_id"],
+                # Unique per release: one event releases each child's dimension to one destination at most once,
+                # and the parent id tells apart the parents that one event (a tick) releases, and the parents
+                # that happen to use the same idempotency key.
+                "release_key": f"{parent_id}/{event['idempotency_key']}/{child_id or '-'}/{dimension}/{destination}",
+                "parent_id": parent_id,
                 "child_id": child_id,
                 "attempt_id": child["attempt_id"] if child else "",
                 "dimension": dimension,

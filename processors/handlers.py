@@ -290,10 +290,12 @@ def _settle_outcome(ctx: EventContext, view: LedgerView, parent: dict, child: di
                     reason: str, note: str = "") -> None:
     """Known usage settles (or hands the remainder to a retry); unknown usage goes to reconciliation."""
     event = ctx.event
+    # A failure that says the attempt ran is taken at its word (SPEC §4), whatever its usage: once the child
+    # counts as activated, a later "never started" can no longer release it.
+    _adopt_report(ctx, view, parent, child, proves_execution=event.get("activated", False) or _positive(usage))
     if usage is None:
         acc.to_reconciliation(ctx, view, parent, child, f"{reason}: usage uncertain {note}".rstrip())
         return
-    _adopt_report(ctx, view, parent, child, proves_execution=_positive(usage))
     retry_attempt_id = event.get("retry_attempt_id")
     if retry_attempt_id and parent["status"] == model.PARENT_OPEN:
         acc.hand_to_retry(ctx, view, parent, child, usage, retry_attempt_id)
@@ -330,6 +332,7 @@ def child_failed(ctx: EventContext, view: LedgerView) -> None:
     if not event["usage_uncertain"] and _failure_is_uncertain(event, child):
         # The executor says it never started, but the ledger granted the dispatch: a lost worker does not
         # prove that nothing was consumed.
+        _adopt_report(ctx, view, parent, child, proves_execution=False)
         acc.to_reconciliation(ctx, view, parent, child,
                               "failure reported as before activation, but the ledger shows an activation")
         return
