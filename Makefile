@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: install kafka-up
-	SHARED_DIR=$(SHARED) $(BIN)/python -m processors.kafka.demo
+	SHARED_DIR=$(SHARED) $(BIN)/python -m branch_settlement.processors.kafka.demo
 
 test: install kafka-up
 	SHARED_DIR=$(SHARED) $(BIN)/pytest

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.suite import backlog, throughput  # noqa: E402
 from bench.suite.env import Env  # noqa: E402
 from bench.suite.procs import Procs  # noqa: E402
-from processors.kafka.connection import DEFAULT_BOOTSTRAP_SERVERS  # noqa: E402
+from branch_settlement.processors.kafka.connection import DEFAULT_BOOTSTRAP_SERVERS  # noqa: E402
 
 LINE = re.compile(r"checkpoint committed: (\d+) events, (\d+) records, ([\d.]+) ms \(([^)]*)\)")
 

@@ -27,13 +27,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from processors import gc_tuning  # noqa: E402
-from processors.fold import Fold  # noqa: E402
-from processors.outputs import Outputs  # noqa: E402
-from processors.replay import open_view  # noqa: E402
-from processors.workload import Generator  # noqa: E402
-from projections.store import MemoryStore, RocksStore  # noqa: E402
-from schemas.codec import default_codec  # noqa: E402
+from branch_settlement.processors import gc_tuning  # noqa: E402
+from branch_settlement.processors.ledger.fold import Fold  # noqa: E402
+from branch_settlement.processors.ledger.outputs import Outputs  # noqa: E402
+from branch_settlement.processors.replay.replayer import open_view  # noqa: E402
+from branch_settlement.processors.workload import Generator  # noqa: E402
+from branch_settlement.projections.store import MemoryStore, RocksStore  # noqa: E402
+from branch_settlement.schemas.codec import default_codec  # noqa: E402
 
 OUTPUT_RECORDS = (("results", "SettlementResult"), ("releases", "CapacityReleased"), ("audits", "AuditRecord"),
                   ("settled", "ParentSettled"))

@@ -29,8 +29,8 @@ from bench.run import RSS_FLAT_MB_PER_100K_CHILDREN, RSS_TARGET_MB, rss_growth_m
 from bench.suite import backlog, memory  # noqa: E402
 from bench.suite.env import Env, git_commit, kafka_version, machine  # noqa: E402
 from bench.suite.procs import Procs  # noqa: E402
-from processors.kafka.connection import DEFAULT_BOOTSTRAP_SERVERS  # noqa: E402
-from projections import store, view  # noqa: E402
+from branch_settlement.processors.kafka.connection import DEFAULT_BOOTSTRAP_SERVERS  # noqa: E402
+from branch_settlement.projections import store, view  # noqa: E402
 
 
 def log(message: str) -> None:

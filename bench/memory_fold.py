@@ -26,12 +26,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.suite.backlog import ledger_fill_events  # noqa: E402
-from processors.fold import Fold  # noqa: E402
-from processors.outputs import Outputs  # noqa: E402
-from projections import view as view_module  # noqa: E402
-from projections.store import MemoryStore, RocksStore  # noqa: E402
-from projections.view import LedgerView  # noqa: E402
-from schemas.codec import default_codec  # noqa: E402
+from branch_settlement.processors.ledger.fold import Fold  # noqa: E402
+from branch_settlement.processors.ledger.outputs import Outputs  # noqa: E402
+from branch_settlement.projections import view as view_module  # noqa: E402
+from branch_settlement.projections.store import MemoryStore, RocksStore  # noqa: E402
+from branch_settlement.projections.view import LedgerView  # noqa: E402
+from branch_settlement.schemas.codec import default_codec  # noqa: E402
 
 OUTPUT_RECORDS = (("results", "SettlementResult"), ("releases", "CapacityReleased"), ("audits", "AuditRecord"),
                   ("settled", "ParentSettled"))
@@ -84,7 +84,7 @@ def main() -> int:
     started = time.perf_counter()
     realistic = []
     if args.realistic:  # generated before the fill, so its memory is in the baseline
-        from processors.workload import Generator
+        from branch_settlement.processors.workload import Generator
         realistic = [codec.event_from_json(item) for item in Generator(9).generate(args.realistic)
                      if not isinstance(item, str)]
     print(f"start: RSS {status_kb()['VmRSS'] / 1024:.1f} MB", flush=True)
@@ -149,7 +149,7 @@ def main() -> int:
                 rocks[prop] = sum(s._db.property_int_value(prop) or 0 for s in stores)
             except Exception as exc:  # a property the binding does not expose
                 rocks[prop] = repr(exc)
-        from projections import store as store_module
+        from branch_settlement.projections import store as store_module
         if store_module._shared:
             rocks["shared block cache usage"] = store_module._shared["cache"].get_usage()
             rocks["shared block cache pinned"] = store_module._shared["cache"].get_pinned_usage()

@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.suite import backlog  # noqa: E402
 from bench.suite.env import INPUT, Env  # noqa: E402
-from processors.kafka import checkpoint as checkpoint_module  # noqa: E402
-from processors.kafka import processor as processor_module  # noqa: E402
-from processors.kafka.config import ProcessorConfig  # noqa: E402
-from processors.kafka.partition import PartitionTask  # noqa: E402
+from branch_settlement.processors.kafka import checkpoint as checkpoint_module  # noqa: E402
+from branch_settlement.processors.kafka import processor as processor_module  # noqa: E402
+from branch_settlement.processors.kafka.config import ProcessorConfig  # noqa: E402
+from branch_settlement.processors.kafka.partition import PartitionTask  # noqa: E402
 
 TIMES: dict[str, float] = defaultdict(float)
 CALLS: dict[str, int] = defaultdict(int)

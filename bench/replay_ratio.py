@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.suite import backlog, recovery, throughput  # noqa: E402
 from bench.suite.env import Env, git_commit  # noqa: E402
 from bench.suite.procs import Procs  # noqa: E402
-from processors.kafka.connection import DEFAULT_BOOTSTRAP_SERVERS  # noqa: E402
+from branch_settlement.processors.kafka.connection import DEFAULT_BOOTSTRAP_SERVERS  # noqa: E402
 
 
 def log(message: str) -> None:

@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.suite import backlog, latency, memory, recovery, report, throughput  # noqa: E402
 from bench.suite.env import Env, git_commit, kafka_version, machine  # noqa: E402
 from bench.suite.procs import Procs  # noqa: E402
-from processors.kafka.config import ProcessorConfig  # noqa: E402
-from processors.kafka.connection import DEFAULT_BOOTSTRAP_SERVERS  # noqa: E402
+from branch_settlement.processors.kafka.config import ProcessorConfig  # noqa: E402
+from branch_settlement.processors.kafka.connection import DEFAULT_BOOTSTRAP_SERVERS  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LATENCY_FRACTIONS = (0.25, 0.5, 0.75)

@@ -20,8 +20,8 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from processors.kafka import topics as topics_mod
-from schemas.codec import CodecError, default_codec
+from branch_settlement.processors.kafka import topics as topics_mod
+from branch_settlement.schemas.codec import CodecError, default_codec
 
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_SH = REPO / "deploy" / "kafka.sh"

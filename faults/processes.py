@@ -50,7 +50,7 @@ class ProcessorProcess:
         self.log_path = log_path
         self.slot = slot
         self._offset = log_path.stat().st_size if log_path.exists() else 0
-        command = [sys.executable, "-m", "processors.cli", "run", "--bootstrap-servers", bootstrap,
+        command = [sys.executable, "-m", "branch_settlement.processors.cli.main", "run", "--bootstrap-servers", bootstrap,
                    "--topic-prefix", prefix, "--state-dir", str(state_dir), "--group-id", group,
                    "--worker-slot", slot, "--tick-interval-ms", "0", "--session-timeout-ms", str(session_timeout_ms),
                    "--commit-interval-ms", "100", "--log-level", "DEBUG", *args]

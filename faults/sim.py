@@ -35,18 +35,18 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-import processors.kafka.faults as kafka_faults
-from processors import gc_tuning
-import processors.kafka.processor as processor_mod
-import processors.kafka.restore as restore_mod
+import branch_settlement.processors.kafka.faults as kafka_faults
+from branch_settlement.processors import gc_tuning
+import branch_settlement.processors.kafka.processor as processor_mod
+import branch_settlement.processors.kafka.restore as restore_mod
 from faults.workload import build
-from processors.workload import Mix
-from processors.kafka.config import ProcessorConfig
-from processors.kafka.metrics import Metrics
-from processors.kafka.processor import Processor
-from processors.replay import Input, ledger_snapshot, replay
-from projections.store import MemoryStore
-from schemas.codec import CodecError, default_codec
+from branch_settlement.processors.workload import Mix
+from branch_settlement.processors.kafka.config import ProcessorConfig
+from branch_settlement.processors.kafka.metrics import Metrics
+from branch_settlement.processors.kafka.processor import Processor
+from branch_settlement.processors.replay.replayer import Input, ledger_snapshot, replay
+from branch_settlement.projections.store import MemoryStore
+from branch_settlement.schemas.codec import CodecError, default_codec
 
 PARTITIONS = 2
 TOPICS = {name: name for name in ("branch-events", "ledger-changelog", "settlement-results", "capacity-releases",

@@ -29,11 +29,11 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from faults.kafka_io import OUTPUT_TOPICS, Topics, read_partitions
-from processors.kafka.partition import input_position, store_path
-from processors.replay import Input, ledger_snapshot, replay
-from projections import model
-from projections.store import MemoryStore, RocksStore
-from schemas.codec import CodecError, default_codec
+from branch_settlement.processors.kafka.partition import input_position, store_path
+from branch_settlement.processors.replay.replayer import Input, ledger_snapshot, replay
+from branch_settlement.projections import model
+from branch_settlement.projections.store import MemoryStore, RocksStore
+from branch_settlement.schemas.codec import CodecError, default_codec
 
 MARKER_TIMEOUT_S = 60.0
 _offline_cache: dict[bytes, tuple] = {}

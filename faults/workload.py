@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Producer
 
-from processors.workload import CHILD_LEASE_TTL_MS, Generator, Mix
-from schemas.codec import default_codec
+from branch_settlement.processors.workload import CHILD_LEASE_TTL_MS, Generator, Mix
+from branch_settlement.schemas.codec import default_codec
 
 REORDER_RATE = 0.03
 LATE_RATE = 0.01

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Iterable, Iterator, Protocol
 
-from projections import keys
+from branch_settlement.projections import keys
 
 Change = tuple[bytes, bytes | None]  # (key, value) or (key, None) for a delete
 

@@ -2,7 +2,7 @@
 
 Reads go through a cache of decoded records to the store; writes change the cached records in place and
 mark their keys dirty. Nothing reaches the store until the processor has committed the checkpoint's Kafka
-transaction (see processors/checkpoint.py): `changes()` encodes the dirty records for the changelog and
+transaction (see processors/kafka/checkpoint.py): `changes()` encodes the dirty records for the changelog and
 the store batch, `mark_committed()` forgets them once written, `discard()` throws away everything not
 committed (a transaction abort, a crash simulation, a restore).
 
@@ -28,8 +28,8 @@ import heapq
 import weakref
 from typing import Callable
 
-from projections import keys, model
-from projections.store import Change, Store
+from branch_settlement.projections import keys, model
+from branch_settlement.projections.store import Change, Store
 
 Encode = Callable[[str, dict], bytes]
 Decode = Callable[[bytes], tuple[str, dict]]

@@ -1,6 +1,6 @@
 """Avro schemas of branch settlement (`*.avsc`, older versions in `history/`) and their codec."""
 
-from schemas.codec import (
+from branch_settlement.schemas.codec import (
     EVENT_TYPES,
     LEDGER_TYPES,
     OUTPUT_TYPES,
@@ -8,7 +8,7 @@ from schemas.codec import (
     Codec,
     default_codec,
 )
-from schemas.errors import CodecError
+from branch_settlement.schemas.errors import CodecError
 
 __all__ = [
     "EVENT_TYPES",

@@ -1,7 +1,12 @@
-"""The one error of the wire format."""
+"""The one error of the wire format, a branch of the error root (a ValueError too: bytes or JSON that do not
+fit a schema are a bad value)."""
+
+from __future__ import annotations
+
+from branch_settlement.errors import SettlementError
 
 
-class CodecError(ValueError):
+class CodecError(SettlementError, ValueError):
     """Bytes, a JSON object or a schema file that does not fit the Avro schemas of `schemas/`.
 
     Raised by `Codec.decode*` (bad marker, unknown writer fingerprint, truncated or trailing bytes), by

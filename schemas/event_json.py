@@ -19,7 +19,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from schemas.errors import CodecError
+from branch_settlement.schemas.errors import CodecError
 
 TYPE_FIELD = "type"
 
@@ -246,7 +246,7 @@ def _record_checker(schema: dict[str, Any], named: dict[str, Any], head: dict[st
 # -- the sorted-keys JSON text of an event's fields ------------------------------------------------------------
 #
 # The fold digests each event's payload as `json.dumps(payload, sort_keys=True, separators=(",", ":"),
-# ensure_ascii=False)` (processors/fold.py). The C encoder behind json.dumps sorts every dict's items and looks at
+# ensure_ascii=False)` (processors/ledger/fold.py). The C encoder behind json.dumps sorts every dict's items and looks at
 # every value's type, in the order it finds them; for an event of a known type the keys and their order are known
 # in advance. `compile_sorted_json` generates, from an event schema, a function that writes that exact text with
 # one f-string per record: keys in sorted order, strings between quotes, ints as `int.__repr__`, true/false/null.

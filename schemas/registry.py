@@ -24,7 +24,7 @@ from typing import Any
 from fastavro import parse_schema
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from schemas.errors import CodecError
+from branch_settlement.schemas.errors import CodecError
 
 SCHEMA_SUFFIX = ".avsc"
 HISTORY_DIR = "history"

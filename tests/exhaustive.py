@@ -11,7 +11,7 @@ overruns, physical releases confirmed with the right and the wrong dimension, re
 idempotency key, so applying it twice is a duplicate) and an idempotency conflict for each kind of key.
 
 After every step it checks: the fold raised nothing (an invariant violation is a bug like any other), the
-ledger auditor (processors/ledger_auditor.py: every balance term recomputed, each child's conservation, every
+ledger auditor (processors/ledger/auditor.py: every balance term recomputed, each child's conservation, every
 release key once), and determinism: the same event applied again to the same state gives the same outputs and
 the same ledger, byte for byte. A start state has the parent reserved at the partition's first tick, and
 perhaps a few events more (`STARTS`): from 'running', depth 4 already holds an expiry, a hand-off to the
@@ -28,12 +28,12 @@ import sys
 import time
 from dataclasses import dataclass
 
-from processors.kafka.partition import OUTPUT_ROUTES
-from processors.ledger_auditor import AuditedFold, LedgerAuditor
-from processors.outputs import Outputs
-from projections.store import MemoryStore
-from projections.view import CacheBudget, LedgerView
-from schemas.codec import default_codec
+from branch_settlement.processors.kafka.partition import OUTPUT_ROUTES
+from branch_settlement.processors.ledger.auditor import AuditedFold, LedgerAuditor
+from branch_settlement.processors.ledger.outputs import Outputs
+from branch_settlement.projections.store import MemoryStore
+from branch_settlement.projections.view import CacheBudget, LedgerView
+from branch_settlement.schemas.codec import default_codec
 
 PARENT = "P"
 START_MS = 1_000

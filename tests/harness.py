@@ -1,16 +1,16 @@
 """A ledger under test: build events in their JSON form, normalise them through the codec exactly as
 replay does, fold them with the ledger auditor checking every balance term after every event
-(processors/ledger_auditor.py), and read balances back."""
+(processors/ledger/auditor.py), and read balances back."""
 
 from __future__ import annotations
 
 import itertools
 
-from processors.ledger_auditor import AuditedFold
-from processors.outputs import Outputs
-from processors.replay import open_view
-from projections.store import MemoryStore
-from schemas.codec import default_codec
+from branch_settlement.processors.ledger.auditor import AuditedFold
+from branch_settlement.processors.ledger.outputs import Outputs
+from branch_settlement.processors.replay.replayer import open_view
+from branch_settlement.projections.store import MemoryStore
+from branch_settlement.schemas.codec import default_codec
 
 T0 = 1_764_410_400_000
 PARENT = "P"

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from processors import audit
-from processors.audit_chart import TERM_COLOURS
-from processors.errors import SettlementError
-from processors.replay import Input, ledger_snapshot, read_events, replay
-from processors.workload import write_jsonl
-from projections import model
-from schemas.codec import default_codec
+from branch_settlement.processors.cli import audit
+from branch_settlement.processors.audit.chart import TERM_COLOURS
+from branch_settlement.errors import SettlementError
+from branch_settlement.processors.replay.replayer import Input, ledger_snapshot, read_events, replay
+from branch_settlement.processors.workload import write_jsonl
+from branch_settlement.projections import model
+from branch_settlement.schemas.codec import default_codec
 
 pytestmark = pytest.mark.unit
 

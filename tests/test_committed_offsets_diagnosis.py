@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from processors.kafka import processor as processor_mod
-from processors.kafka.config import ProcessorConfig
-from processors.kafka.errors import KafkaFailure
+from branch_settlement.processors.kafka import processor as processor_mod
+from branch_settlement.processors.kafka.config import ProcessorConfig
+from branch_settlement.processors.kafka.errors import KafkaFailure
 
 
 class TimingOutConsumer:

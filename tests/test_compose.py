@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from processors.cli import build_parser
-from processors.kafka import config as processor_config
-from processors.kafka import topics
-from processors.kafka.config import ProcessorConfig
+from branch_settlement.processors.cli.main import build_parser
+from branch_settlement.processors.kafka import config as processor_config
+from branch_settlement.processors.kafka import topics
+from branch_settlement.processors.kafka.config import ProcessorConfig
 
 pytestmark = pytest.mark.unit
 

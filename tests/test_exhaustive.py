@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from processors import accounting
-from projections import model
+from branch_settlement.processors.ledger import accounting
+from branch_settlement.projections import model
 from tests import exhaustive
 
 pytestmark = pytest.mark.unit
@@ -30,7 +30,7 @@ def test_every_sequence_up_to_the_depth_keeps_every_rule(start: str, capsys) -> 
 
 
 def test_the_alphabet_covers_every_event_type() -> None:
-    from schemas.codec import EVENT_TYPES
+    from branch_settlement.schemas.codec import EVENT_TYPES
     assert {event["type"] for event in exhaustive.alphabet().values()} == set(EVENT_TYPES)
 
 

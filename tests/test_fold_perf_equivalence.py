@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.fold import Fold
-from processors.outputs import Outputs
-from processors.workload import Generator, Mix
-from projections.store import MemoryStore
-from projections.view import LedgerView
-from schemas import EVENT_TYPES, LEDGER_TYPES, OUTPUT_TYPES, CodecError, default_codec
+from branch_settlement.processors.ledger.fold import Fold
+from branch_settlement.processors.ledger.outputs import Outputs
+from branch_settlement.processors.workload import Generator, Mix
+from branch_settlement.projections.store import MemoryStore
+from branch_settlement.projections.view import LedgerView
+from branch_settlement.schemas import EVENT_TYPES, LEDGER_TYPES, OUTPUT_TYPES, CodecError, default_codec
 from tests.test_codec import sample, strategy
 
 pytestmark = pytest.mark.unit
@@ -279,13 +279,13 @@ def outcome_of(function, *args):
 def reference_digest(event):
     import hashlib
 
-    from processors.fold import _canonical_json
+    from branch_settlement.processors.ledger.fold import _canonical_json
 
     return hashlib.blake2b(_canonical_json(event).encode(), digest_size=16).digest()
 
 
 def assert_checks_as_before(event):
-    from processors.fold import _problem, payload_digest, validate
+    from branch_settlement.processors.ledger.fold import _problem, payload_digest, validate
 
     assert outcome_of(validate, event) == outcome_of(_problem, event), event
     assert outcome_of(payload_digest, event) == outcome_of(reference_digest, event), event
@@ -337,7 +337,7 @@ def test_every_odd_value_in_every_field_of_every_typical_event(codec, value):
 
 
 def test_the_fast_checks_take_every_plain_event_of_a_realistic_workload(codec):
-    from processors.fold import _SORTED_JSON, _plainly_valid
+    from branch_settlement.processors.ledger.fold import _SORTED_JSON, _plainly_valid
 
     events = [codec.event_from_json(r) for r in Generator(5).generate(1500) if not isinstance(r, str)]
     for event in events:
@@ -347,7 +347,7 @@ def test_the_fast_checks_take_every_plain_event_of_a_realistic_workload(codec):
 
 
 def test_the_encoding_caches_stay_bounded(codec):
-    from schemas import codec as codec_module
+    from branch_settlement.schemas import codec as codec_module
 
     letter = {"source_topic": "t", "partition": 0, "offset": 1, "original": b"x" * 10_000, "reason": "r" * 5000,
               "line": 7, "event_id": None}

@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 
-from processors import gc_tuning
+from branch_settlement.processors import gc_tuning
 
 pytestmark = pytest.mark.unit
 

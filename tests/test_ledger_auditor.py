@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from processors.errors import InvariantViolation, LedgerAuditFailure
-from processors.ledger_auditor import LedgerAuditor
-from processors.outputs import Outputs
+from branch_settlement.processors.ledger.errors import InvariantViolation, LedgerAuditFailure
+from branch_settlement.processors.ledger.auditor import LedgerAuditor
+from branch_settlement.processors.ledger.outputs import Outputs
 from tests.harness import T0, Ledger
 
 pytestmark = pytest.mark.unit

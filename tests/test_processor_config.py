@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from processors.errors import ConfigError
-from processors.kafka import config as cfg
+from branch_settlement.errors import ConfigError
+from branch_settlement.processors.kafka import config as cfg
 
 pytestmark = pytest.mark.unit
 

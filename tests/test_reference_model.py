@@ -18,11 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors.ledger_auditor import AuditedFold, LedgerAuditor
-from processors.outputs import Outputs
-from processors.replay import open_view
-from projections.store import MemoryStore
-from schemas.codec import default_codec
+from branch_settlement.processors.ledger.auditor import AuditedFold, LedgerAuditor
+from branch_settlement.processors.ledger.outputs import Outputs
+from branch_settlement.processors.replay.replayer import open_view
+from branch_settlement.projections.store import MemoryStore
+from branch_settlement.schemas.codec import default_codec
 from tests.reference_model import TERMS, Model
 
 pytestmark = pytest.mark.unit

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from processors.cli import main
-from processors.replay import read_events, replay, replay_document
-from projections.store import RocksStore
-from schemas.codec import default_codec
+from branch_settlement.processors.cli.main import main
+from branch_settlement.processors.replay.replayer import read_events, replay, replay_document
+from branch_settlement.projections.store import RocksStore
+from branch_settlement.schemas.codec import default_codec
 
 pytestmark = pytest.mark.unit
 
@@ -65,7 +65,7 @@ def test_closing_the_worked_example_sends_63_to_the_pool(worked_example: Path, t
 
 def test_replay_is_byte_identical_across_runs_and_stores(worked_example: Path, tmp_path: Path) -> None:
     def cli(*args: str) -> bytes:
-        return subprocess.run([sys.executable, "-m", "processors.cli", "replay", "--json", *args],
+        return subprocess.run([sys.executable, "-m", "branch_settlement.processors.cli.main", "replay", "--json", *args],
                               check=True, capture_output=True).stdout
 
     first = cli(str(worked_example))
@@ -113,13 +113,13 @@ def test_rocksdb_replay_keeps_the_ledger(worked_example: Path, tmp_path: Path) -
     store.close()
     reopened = RocksStore(tmp_path / "db", read_only=True)
     assert reopened.changelog_offset() == 14
-    from processors.replay import ledger_snapshot
+    from branch_settlement.processors.replay.replayer import ledger_snapshot
     assert ledger_snapshot(reopened, codec)["parents"] == doc["parents"]
     reopened.close()
 
 
 def test_cli_errors_are_one_line_not_a_traceback(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "processors.cli", "replay", str(tmp_path / "missing.jsonl")],
+    proc = subprocess.run([sys.executable, "-m", "branch_settlement.processors.cli.main", "replay", str(tmp_path / "missing.jsonl")],
                           capture_output=True, text=True)
     assert proc.returncode == 1
     assert proc.stderr.strip() == f"settle replay: no such file: {tmp_path / 'missing.jsonl'}"

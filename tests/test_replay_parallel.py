@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from processors.kafka import topic_replay as tr
-from processors.replay import _single_threaded, read_events, read_events_aside, replay
-from processors.workload import Generator
-from schemas.codec import default_codec
+from branch_settlement.processors.crosscheck import topic_replay as tr
+from branch_settlement.processors.replay.replayer import _single_threaded, read_events, read_events_aside, replay
+from branch_settlement.processors.workload import Generator
+from branch_settlement.schemas.codec import default_codec
 
 pytestmark = pytest.mark.unit
 
@@ -32,8 +32,8 @@ def workload_file(tmp_path: Path) -> Path:
 
 ASIDE_CHECK = """
 import json, sys
-from processors.replay import _single_threaded, read_events, read_events_aside, replay, replay_document
-from schemas.codec import default_codec
+from branch_settlement.processors.replay.replayer import _single_threaded, read_events, read_events_aside, replay, replay_document
+from branch_settlement.schemas.codec import default_codec
 codec = default_codec()
 forked = _single_threaded()  # a fresh process: read_events_aside forks its reader
 path = sys.argv[1]
@@ -107,7 +107,7 @@ def folded():
 
 
 def _generated_inputs(codec):
-    from processors.replay import decode_json_line
+    from branch_settlement.processors.replay.replayer import decode_json_line
     items = [item for item in Generator(5).generate(3_000) if not isinstance(item, str)]
     return [decode_json_line(json.dumps(item).encode(), n, n + 1, codec) for n, item in enumerate(items)]
 
@@ -192,7 +192,7 @@ def test_an_output_read_ahead_stops_at_the_end_decided_after_the_fold() -> None:
 def test_an_export_file_replays_the_same_in_one_process_or_several(workload_file: Path, tmp_path: Path) -> None:
     """`settle replay EXPORT.avro` with its partitions folded side by side (a fresh process, so forked) prints
     what one process prints, and what folding each partition in turn gives."""
-    from processors import partitioned
+    from branch_settlement.processors.replay import partitioned
 
     codec = default_codec()
     items = list(read_events(workload_file, codec))
@@ -203,7 +203,7 @@ def test_an_export_file_replays_the_same_in_one_process_or_several(workload_file
     outputs = {}
     for jobs in ("1", "3"):
         for flag in ("--json", None):
-            done = subprocess.run([sys.executable, "-m", "processors.cli", "replay", str(export), "--jobs", jobs,
+            done = subprocess.run([sys.executable, "-m", "branch_settlement.processors.cli.main", "replay", str(export), "--jobs", jobs,
                                    *([flag] if flag else [])], capture_output=True, text=True,
                                   cwd=Path(__file__).resolve().parent.parent, timeout=300)
             assert done.returncode == 0, done.stderr

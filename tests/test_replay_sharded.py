@@ -1,4 +1,4 @@
-"""A JSON Lines file folded in parent shards (processors/sharded.py) gives what one fold gives, byte for byte:
+"""A JSON Lines file folded in parent shards (processors/replay/sharded.py) gives what one fold gives, byte for byte:
 the document of `settle replay --json` and the summary of `settle replay`, whatever the number of shards, on
 workloads whose ticks expire parents of several shards at once, and on lines whose bytes do not tell their
 parent. Run in a fresh process: the shards are forked, and a fork of a threaded process may deadlock."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from processors.workload import Generator
+from branch_settlement.processors.workload import Generator
 
 pytestmark = pytest.mark.unit
 
@@ -20,10 +20,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 CHECK = """
 import io, json, sys
-from processors import sharded
-from processors.replay import document, ledger_snapshot, read_events, replay, replay_document
-from processors.report import print_summary
-from schemas.codec import default_codec
+from branch_settlement.processors.replay import sharded
+from branch_settlement.processors.replay.replayer import document, ledger_snapshot, read_events, replay, replay_document
+from branch_settlement.processors.replay.report import print_summary
+from branch_settlement.schemas.codec import default_codec
 codec = default_codec()
 path, jobs = sys.argv[1], [int(j) for j in sys.argv[2].split(",")]
 

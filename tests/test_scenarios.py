@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from processors.errors import InvariantViolation
+from branch_settlement.processors.ledger.errors import InvariantViolation
 from tests.harness import T0, Ledger
 from tests.test_transitions import activated, complete, fail, fresh, reserved, usage
 

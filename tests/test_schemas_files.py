@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from fastavro.schema import load_schema
 
-from schemas import EVENT_TYPES, LEDGER_TYPES, OUTPUT_TYPES, SCHEMA_DIR, default_codec
-from schemas.registry import schema_fingerprint
+from branch_settlement.schemas import EVENT_TYPES, LEDGER_TYPES, OUTPUT_TYPES, SCHEMA_DIR, default_codec
+from branch_settlement.schemas.registry import schema_fingerprint
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ from concurrent.futures import Future
 from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import CollectorRegistry, Gauge
 
-from processors.kafka.stability import StabilityWatch, stall_threshold_s
+from branch_settlement.processors.kafka.stability import StabilityWatch, stall_threshold_s
 
 TP = ("p.settlement-results", 0)
 

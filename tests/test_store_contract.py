@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from processors.fold import Fold
-from processors.outputs import Outputs
-from processors.replay import open_view
-from projections import keys
-from projections.store import NO_OFFSET, MemoryStore, RocksStore
-from schemas.codec import default_codec
+from branch_settlement.processors.ledger.fold import Fold
+from branch_settlement.processors.ledger.outputs import Outputs
+from branch_settlement.processors.replay.replayer import open_view
+from branch_settlement.projections import keys
+from branch_settlement.projections.store import NO_OFFSET, MemoryStore, RocksStore
+from branch_settlement.schemas.codec import default_codec
 from tests.harness import Ledger, T0
 
 pytestmark = pytest.mark.unit

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from processors.fold import Fold
-from processors.outputs import Outputs
-from processors.workload import Generator
-from projections import view as view_module
-from projections.store import MemoryStore, RocksStore
-from projections.view import CacheBudget, LedgerView
-from schemas.codec import default_codec
+from branch_settlement.processors.ledger.fold import Fold
+from branch_settlement.processors.ledger.outputs import Outputs
+from branch_settlement.processors.workload import Generator
+from branch_settlement.projections import view as view_module
+from branch_settlement.projections.store import MemoryStore, RocksStore
+from branch_settlement.projections.view import CacheBudget, LedgerView
+from branch_settlement.schemas.codec import default_codec
 
 pytestmark = pytest.mark.unit
 

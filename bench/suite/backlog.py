@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import Producer
 
-from processors.workload import START_MS, Generator
-from schemas.codec import Codec, default_codec
+from branch_settlement.processors.workload import START_MS, Generator
+from branch_settlement.schemas.codec import Codec, default_codec
 
 LOAD_TRANSACTION_TIMEOUT_MS = 600_000
 FILL_CHILDREN_PER_PARENT = 64

@@ -13,7 +13,7 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from processors.kafka import topics
+from branch_settlement.processors.kafka import topics
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN_TIMEOUT_S = 30.0

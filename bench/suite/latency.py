@@ -30,7 +30,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from bench.suite.backlog import Record, produce, producer_config
 from bench.suite.env import INPUT, RESULTS, Env, TopicSet
 from bench.suite.procs import Child, clock_of_day, wait_assigned
-from schemas.codec import HEADER_SIZE, SINGLE_OBJECT_MARKER
+from branch_settlement.schemas.codec import HEADER_SIZE, SINGLE_OBJECT_MARKER
 
 SEND_QUANTUM_S = 0.002
 DRAIN_TIMEOUT_S = 60.0

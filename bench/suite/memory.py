@@ -36,7 +36,7 @@ class FillRecords:
         return self.parents * (1 + FILL_CHILDREN_PER_PARENT)
 
     def __iter__(self):
-        from schemas.codec import default_codec
+        from branch_settlement.schemas.codec import default_codec
         codec = default_codec()
         chunk = []
         for event in ledger_fill_events(self.parents * FILL_CHILDREN_PER_PARENT):

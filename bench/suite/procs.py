@@ -156,7 +156,7 @@ class Procs:
                   extra_args: tuple = (), env: dict | None = None) -> Child:
         """`settle run` with exactly-once defaults (commit_interval_ms 100, commit_events 2000), ticks only
         from the input (the workload carries its own ledger time)."""
-        args = [sys.executable, "-m", "processors.cli", "run", "--bootstrap-servers", bootstrap,
+        args = [sys.executable, "-m", "branch_settlement.processors.cli.main", "run", "--bootstrap-servers", bootstrap,
                 "--topic-prefix", topic_prefix, "--state-dir", str(state_dir), "--group-id", group,
                 "--worker-slot", slot, "--tick-interval-ms", "0", "--session-timeout-ms", "6000",
                 "--log-level", "DEBUG", *extra_args]  # DEBUG: one line per checkpoint, with its duration

@@ -3,10 +3,10 @@ the same records decoded or consumed with nothing else done. Each measurement ru
 (`python -m bench.suite.recovery KIND ...`, one JSON line on stdout), so no heap or thread of the benchmark
 driver weighs on it.
 
-- file:    `settle replay FILE`'s path (processors.sharded.replay_file over a JSON Lines file: its parents
+- file:    `settle replay FILE`'s path (processors.replay.sharded.replay_file over a JSON Lines file: its parents
            folded in shards, one process per core, merged into one fold's output) vs
-           reading and decoding the same lines into events in one process (processors.replay.read_events);
-- topic:   `settle replay --topic`'s audit replay (processors.kafka.topic_replay.audit_replay: re-fold the
+           reading and decoding the same lines into events in one process (processors.replay.replayer.read_events);
+- topic:   `settle replay --topic`'s audit replay (processors.crosscheck.topic_replay.audit_replay: re-fold the
            input topic, compare every output) vs a raw read_committed consume of the same topics, all at once
            by one consumer with the replay's reader settings (raw_consume);
 - restore: processors.kafka.restore.restore into empty RocksDB projections, to the group's committed
@@ -24,14 +24,14 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from processors.kafka.restore import restore
-from processors.kafka.topic_replay import BATCH, IDLE_WAIT_S, OUTPUT_TOPICS, READER_SETTINGS, audit_replay, know_leaders
-from processors.replay import read_events
-from processors.sharded import replay_file
-from processors.replay_cli_ledgers import live_projections
-from projections import keys
-from projections.store import RocksStore
-from schemas.codec import default_codec
+from branch_settlement.processors.kafka.restore import restore
+from branch_settlement.processors.crosscheck.topic_replay import BATCH, IDLE_WAIT_S, OUTPUT_TOPICS, READER_SETTINGS, audit_replay, know_leaders
+from branch_settlement.processors.replay.replayer import read_events
+from branch_settlement.processors.replay.sharded import replay_file
+from branch_settlement.processors.crosscheck.live_ledgers import live_projections
+from branch_settlement.projections import keys
+from branch_settlement.projections.store import RocksStore
+from branch_settlement.schemas.codec import default_codec
 
 
 def timed(fn):
@@ -89,7 +89,7 @@ def raw_consume(config: dict, topics: list[str], partitions: int) -> dict[str, i
 
 
 def file_replay(path: str) -> dict:
-    """`settle replay FILE`'s fold (processors.sharded.replay_file: parent shards on every core)."""
+    """`settle replay FILE`'s fold (processors.replay.sharded.replay_file: parent shards on every core)."""
     codec = default_codec()
     lines, decode_s, (result, _), replay_s = ceiling_around(
         lambda: sum(1 for _ in read_events(path, codec)), lambda: replay_file(path, codec))

@@ -1,2 +1,3 @@
-"""Everything that talks to Kafka's admin side: connection settings (connection.py), topics as code
-(topics.py, spec in deploy/topics.json) and the `settle topics` command (topics_cli.py)."""
+"""The processor runtime on Kafka: the checkpoint sequence, restore, clients, config, metrics, connection
+settings and topics as code (spec in deploy/topics.json). Imports the ledger, schemas and projections; never
+replay, the cross-check, the reports or the CLI."""

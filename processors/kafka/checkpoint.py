@@ -8,35 +8,18 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from processors.kafka import faults
-from processors.kafka.errors import KafkaFailure
-from processors.kafka.partition import INPUT_POSITION_KEY, OUTPUT_TOPICS, PartitionTask
-from processors.kafka.txn_guard import TransactionCallStuck, bounded
+from branch_settlement.processors.kafka import faults
+from branch_settlement.processors.kafka.errors import KafkaFailure
+from branch_settlement.processors.kafka.partition import INPUT_POSITION_KEY, OUTPUT_TOPICS, PartitionTask
+from branch_settlement.processors.kafka.txn_guard import bounded
+from branch_settlement.processors.kafka.errors import TransactionCallStuck
+from branch_settlement.processors.kafka.errors import CommitOutcomeUnknown, FatalProducerError, ProducerFenced
 
 log = logging.getLogger("settle.checkpoint")
 
 COMMIT_RETRIES = 5
 FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED} |
                          ({KafkaError.INVALID_PRODUCER_EPOCH} if hasattr(KafkaError, "INVALID_PRODUCER_EPOCH") else set()))
-
-
-class ProducerFenced(KafkaFailure):
-    """Another process started with this worker's transactional.id, or the broker fenced a fresh producer
-    while aborting its crashed predecessor's transaction. Raised by the checkpoint before anything was
-    committed; the work was discarded. The processor recreates its producer a few times, then stops.
-    Operator: give every worker its own worker_slot (SETTLE_WORKER_SLOT)."""
-
-
-class FatalProducerError(KafkaFailure):
-    """librdkafka declared the transactional producer unusable before the commit was attempted. Raised by
-    the checkpoint after the work was discarded; the processor recreates its producer and replays."""
-
-
-class CommitOutcomeUnknown(KafkaFailure):
-    """The commit was sent but neither confirmed nor cleanly aborted (e.g. a coordinator failover during
-    EndTxn): the transaction may have committed. Raised by the checkpoint; the processor must not trust
-    its in-memory state: it recreates the producer (which settles the pending transaction) and reloads
-    every partition from the committed offsets and the changelog."""
 
 
 @dataclass

@@ -15,14 +15,9 @@ from typing import Iterator
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from processors.kafka.errors import KafkaFailure
-from schemas.codec import Codec, default_codec
-
-
-class PublishFailed(KafkaFailure):
-    """Events were not acknowledged by the broker. Raised by `BranchEventProducer.flush`; the message counts
-    them and names the first error. Operator: the events were not published: publish them again (the
-    idempotency keys make a second delivery harmless)."""
+from branch_settlement.processors.kafka.errors import KafkaFailure
+from branch_settlement.schemas.codec import Codec, default_codec
+from branch_settlement.processors.kafka.errors import PublishFailed
 
 
 class BranchEventProducer:

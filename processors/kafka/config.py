@@ -15,8 +15,8 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from processors.errors import ConfigError
-from processors.kafka import connection
+from branch_settlement.errors import ConfigError
+from branch_settlement.processors.kafka import connection
 
 CONFIG_FILE_ENV = "SETTLE_CONFIG"
 ENV_PREFIX = "SETTLE_"

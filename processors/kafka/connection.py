@@ -12,7 +12,7 @@ import argparse
 import os
 from collections.abc import Iterable, Mapping
 
-from processors.errors import ConfigError
+from branch_settlement.errors import ConfigError
 
 DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
 BOOTSTRAP_SERVERS_ENV = "SETTLE_BOOTSTRAP_SERVERS"

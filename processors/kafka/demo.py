@@ -19,9 +19,9 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
-from processors.kafka import topics
-from processors.kafka.clients import read_outputs
-from processors.kafka.connection import BOOTSTRAP_SERVERS_ENV, DEFAULT_BOOTSTRAP_SERVERS
+from branch_settlement.processors.kafka import topics
+from branch_settlement.processors.kafka.clients import read_outputs
+from branch_settlement.processors.kafka.connection import BOOTSTRAP_SERVERS_ENV, DEFAULT_BOOTSTRAP_SERVERS
 
 REPO = Path(__file__).resolve().parents[2]
 CLOSE = {"type": "ParentClosed", "event_id": "we-15", "idempotency_key": "wf-42/ParentClosed/1",
@@ -29,7 +29,7 @@ CLOSE = {"type": "ParentClosed", "event_id": "we-15", "idempotency_key": "wf-42/
 
 
 def settle(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "processors.cli", *args], cwd=REPO, text=True, **kwargs)
+    return subprocess.run([sys.executable, "-m", "branch_settlement.processors.cli.main", *args], cwd=REPO, text=True, **kwargs)
 
 
 def wait_for(predicate, what: str, timeout_s: float = 60.0) -> None:
@@ -53,7 +53,7 @@ def main() -> int:
     log_path = state / "processor.log"
     common = ("--bootstrap-servers", bootstrap, "--topic-prefix", prefix)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "processors.cli", "run", *common, "--state-dir", str(state),
+        proc = subprocess.Popen([sys.executable, "-m", "branch_settlement.processors.cli.main", "run", *common, "--state-dir", str(state),
                                  "--group-id", "demo", "--worker-slot", "demo", "--tick-interval-ms", "0"],
                                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:

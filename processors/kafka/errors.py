@@ -1,4 +1,4 @@
-"""Kafka failures, as branches of the project's error tree (processors/errors.py).
+"""Kafka failures, as branches of the project's error tree (branch_settlement/errors.py).
 
 A wrapped librdkafka error keeps its code name and whether librdkafka called it retriable or fatal, so a
 caller can decide without parsing messages.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaException
 
-from processors.errors import ConfigError, SettlementError
+from branch_settlement.errors import ConfigError, SettlementError
 
 
 class KafkaFailure(SettlementError):
@@ -47,3 +47,45 @@ class TopicSpecError(ConfigError):
 
     Raised when the spec is loaded, before any request. Operator: fix the file or the flag named in the message.
     """
+
+
+class TransactionCallStuck(KafkaFailure):
+    """A transactional call did not return within its timeout plus a margin. Raised by `bounded`; the call
+    goes on in the background on a producer that must not be used again. The caller treats it like a fatal
+    producer error (before the commit) or an unknown commit outcome (during the commit or its abort)."""
+
+
+class TooManyStuckCalls(KafkaFailure):
+    """Several given-up producers are still blocked in librdkafka. Raised by `check_stuck_budget`.
+    Operator: the process exits non-zero; its supervisor restarts it, and the restore picks up from the
+    committed offsets. Check the brokers' health if it repeats."""
+
+
+class PublishFailed(KafkaFailure):
+    """Events were not acknowledged by the broker. Raised by `BranchEventProducer.flush`; the message counts
+    them and names the first error. Operator: the events were not published: publish them again (the
+    idempotency keys make a second delivery harmless)."""
+
+
+class RestoreIncomplete(KafkaFailure):
+    """The changelog did not reach the committed input offset in time. Raised by restore; the partition is
+    not processed. Operator: check the changelog topic (retention, compaction of a recreated topic)."""
+
+
+class ProducerFenced(KafkaFailure):
+    """Another process started with this worker's transactional.id, or the broker fenced a fresh producer
+    while aborting its crashed predecessor's transaction. Raised by the checkpoint before anything was
+    committed; the work was discarded. The processor recreates its producer a few times, then stops.
+    Operator: give every worker its own worker_slot (SETTLE_WORKER_SLOT)."""
+
+
+class FatalProducerError(KafkaFailure):
+    """librdkafka declared the transactional producer unusable before the commit was attempted. Raised by
+    the checkpoint after the work was discarded; the processor recreates its producer and replays."""
+
+
+class CommitOutcomeUnknown(KafkaFailure):
+    """The commit was sent but neither confirmed nor cleanly aborted (e.g. a coordinator failover during
+    EndTxn): the transaction may have committed. Raised by the checkpoint; the processor must not trust
+    its in-memory state: it recreates the producer (which settles the pending transaction) and reloads
+    every partition from the committed offsets and the changelog."""

@@ -6,12 +6,12 @@ import os
 import shutil
 from pathlib import Path
 
-from processors.fold import Fold
-from processors.outputs import Outputs
-from projections import keys
-from projections.store import RocksStore
-from projections.view import LedgerView
-from schemas.codec import Codec
+from branch_settlement.processors.ledger.fold import Fold
+from branch_settlement.processors.ledger.outputs import Outputs
+from branch_settlement.projections import keys
+from branch_settlement.projections.store import RocksStore
+from branch_settlement.projections.view import LedgerView
+from branch_settlement.schemas.codec import Codec
 
 
 # Output record lists of `Outputs`, the topic (logical name) each goes to, and its Avro record name.

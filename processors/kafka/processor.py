@@ -15,19 +15,20 @@ from typing import Callable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from processors import gc_tuning
-from processors.errors import InvariantViolation
-from processors.kafka.checkpoint import (CommitOutcomeUnknown, FatalProducerError, ProducerFenced,
+from branch_settlement.processors import gc_tuning
+from branch_settlement.processors.ledger.errors import InvariantViolation
+from branch_settlement.processors.kafka.checkpoint import (CommitOutcomeUnknown, FatalProducerError, ProducerFenced,
                                         commit_checkpoint, rewind)
-from processors.kafka.errors import KafkaFailure
-from processors.kafka.config import ProcessorConfig
-from processors.kafka.metrics import Metrics
-from processors.kafka.partition import PartitionTask, delete_store, input_position, open_store, store_path
-from processors.kafka.restore import restore
-from processors.kafka.stability import StabilityWatch, stall_threshold_s
-from processors.kafka.txn_guard import TransactionCallStuck, bounded, check_stuck_budget, stuck_calls
-from projections import view
-from schemas.codec import Codec, CodecError, default_codec
+from branch_settlement.processors.kafka.errors import KafkaFailure
+from branch_settlement.processors.kafka.config import ProcessorConfig
+from branch_settlement.processors.kafka.metrics import Metrics
+from branch_settlement.processors.kafka.partition import PartitionTask, delete_store, input_position, open_store, store_path
+from branch_settlement.processors.kafka.restore import restore
+from branch_settlement.processors.kafka.stability import StabilityWatch, stall_threshold_s
+from branch_settlement.processors.kafka.txn_guard import bounded, check_stuck_budget, stuck_calls
+from branch_settlement.processors.kafka.errors import TransactionCallStuck
+from branch_settlement.projections import view
+from branch_settlement.schemas.codec import Codec, CodecError, default_codec
 
 log = logging.getLogger("settle.processor")
 

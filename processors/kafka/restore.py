@@ -15,10 +15,11 @@ from typing import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from processors.kafka import faults
-from processors.kafka.errors import KafkaFailure
-from processors.kafka.partition import INPUT_POSITION_KEY, input_position
-from projections.store import NO_OFFSET, Store
+from branch_settlement.processors.kafka import faults
+from branch_settlement.processors.kafka.errors import KafkaFailure
+from branch_settlement.processors.kafka.partition import INPUT_POSITION_KEY, input_position
+from branch_settlement.projections.store import NO_OFFSET, Store
+from branch_settlement.processors.kafka.errors import RestoreIncomplete
 
 log = logging.getLogger("settle.restore")
 
@@ -33,11 +34,6 @@ IDLE_WAIT_S = 0.05
 RESTORE_FETCH_WAIT_MS = 10
 RESTORE_TIMEOUT_S = 600.0
 WATERMARK_TIMEOUT_S = 10.0
-
-
-class RestoreIncomplete(KafkaFailure):
-    """The changelog did not reach the committed input offset in time. Raised by restore; the partition is
-    not processed. Operator: check the changelog topic (retention, compaction of a recreated topic)."""
 
 
 def restore(stores: dict[int, Store], client_config: dict, topic: str, group_id: str,

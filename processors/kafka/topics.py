@@ -19,7 +19,7 @@ from pathlib import Path
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from processors.kafka.errors import BrokerUnreachable, KafkaFailure, TopicSpecError
+from branch_settlement.processors.kafka.errors import BrokerUnreachable, KafkaFailure, TopicSpecError
 
 SPEC_ENV = "SETTLE_TOPIC_SPEC"
 TOPIC_PREFIX_ENV = "SETTLE_TOPIC_PREFIX"

@@ -21,7 +21,7 @@ from typing import Callable, TypeVar
 
 from confluent_kafka import KafkaException
 
-from processors.kafka.errors import KafkaFailure
+from branch_settlement.processors.kafka.errors import TooManyStuckCalls, TransactionCallStuck
 
 log = logging.getLogger("settle.txn")
 
@@ -32,18 +32,6 @@ MAX_STUCK = 3
 
 _stuck: list[threading.Thread] = []
 _stuck_lock = threading.Lock()
-
-
-class TransactionCallStuck(KafkaFailure):
-    """A transactional call did not return within its timeout plus a margin. Raised by `bounded`; the call
-    goes on in the background on a producer that must not be used again. The caller treats it like a fatal
-    producer error (before the commit) or an unknown commit outcome (during the commit or its abort)."""
-
-
-class TooManyStuckCalls(KafkaFailure):
-    """Several given-up producers are still blocked in librdkafka. Raised by `check_stuck_budget`.
-    Operator: the process exits non-zero; its supervisor restarts it, and the restore picks up from the
-    committed offsets. Check the brokers' health if it repeats."""
 
 
 def bounded(what: str, call: Callable[..., T], *args, timeout_s: float) -> T:

@@ -51,7 +51,7 @@ def test_a_projection_written_before_the_commit_is_caught(monkeypatch) -> None:
     """The faust anti-pattern (decisions.md #1): write the store batch when the checkpoint is encoded, before
     the transaction commits. An abort then leaves state the log does not have, which the processor folds on
     from; the simulation reports the seed."""
-    import processors.kafka.checkpoint as checkpoint
+    import branch_settlement.processors.kafka.checkpoint as checkpoint
 
     encode = checkpoint.encode_checkpoint
 

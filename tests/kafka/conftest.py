@@ -21,8 +21,8 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from processors.kafka import topics
-from processors.kafka.connection import BOOTSTRAP_SERVERS_ENV, DEFAULT_BOOTSTRAP_SERVERS
+from branch_settlement.processors.kafka import topics
+from branch_settlement.processors.kafka.connection import BOOTSTRAP_SERVERS_ENV, DEFAULT_BOOTSTRAP_SERVERS
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 KAFKA_SH = REPO_DIR / "deploy" / "kafka.sh"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from processors.replay import Input, ledger_snapshot, replay
-from projections.store import RocksStore
-from schemas.codec import CodecError, default_codec
+from branch_settlement.processors.replay.replayer import Input, ledger_snapshot, replay
+from branch_settlement.projections.store import RocksStore
+from branch_settlement.schemas.codec import CodecError, default_codec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ class ProcessorProcess:
     def __init__(self, kafka_topics, state_dir: Path, log_path: Path, *, slot: str, group: str,
                  extra_env: dict | None = None, extra_args: tuple = ()) -> None:
         self.log_path = log_path
-        args = [sys.executable, "-m", "processors.cli", "run", "--bootstrap-servers", kafka_topics.bootstrap_servers,
+        args = [sys.executable, "-m", "branch_settlement.processors.cli.main", "run", "--bootstrap-servers", kafka_topics.bootstrap_servers,
                 "--topic-prefix", kafka_topics.prefix, "--state-dir", str(state_dir), "--group-id", group,
                 "--worker-slot", slot, "--tick-interval-ms", "0", "--session-timeout-ms", "6000",
                 "--commit-interval-ms", "100", *extra_args]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from processors.kafka import topics
-from schemas.codec import default_codec
+from branch_settlement.processors.kafka import topics
+from branch_settlement.schemas.codec import default_codec
 from tests.kafka.pipeline import REPO, ProcessorProcess, read_partitions, wait_for_results
 from tests.kafka.test_processor import produce_workload
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.kafka
 
 
 def settle(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "processors.cli", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "branch_settlement.processors.cli.main", *args], capture_output=True, text=True, cwd=REPO,
                           timeout=600)
 
 

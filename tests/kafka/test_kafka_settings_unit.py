@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from processors.errors import ConfigError
-from processors.kafka import topics
-from processors.kafka.connection import add_connection_arguments, config_from_args
-from processors.kafka.errors import TopicSpecError
+from branch_settlement.errors import ConfigError
+from branch_settlement.processors.kafka import topics
+from branch_settlement.processors.kafka.connection import add_connection_arguments, config_from_args
+from branch_settlement.processors.kafka.errors import TopicSpecError
 
 pytestmark = pytest.mark.unit
 

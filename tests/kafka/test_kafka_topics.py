@@ -9,9 +9,9 @@ import socket
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from processors.cli import main as settle
-from processors.kafka import topics
-from processors.kafka.topics_cli import EXIT_DRIFT, EXIT_OK, EXIT_UNAVAILABLE
+from branch_settlement.processors.cli.main import main as settle
+from branch_settlement.processors.kafka import topics
+from branch_settlement.processors.cli.topics import EXIT_DRIFT, EXIT_OK, EXIT_UNAVAILABLE
 
 pytestmark = pytest.mark.kafka
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from processors.kafka.partition import INPUT_POSITION_KEY, input_position
-from processors.workload import write_jsonl
-from projections import keys
-from projections.store import RocksStore
+from branch_settlement.processors.kafka.partition import INPUT_POSITION_KEY, input_position
+from branch_settlement.processors.workload import write_jsonl
+from branch_settlement.projections import keys
+from branch_settlement.projections.store import RocksStore
 from tests.kafka.pipeline import (REPO, ProcessorProcess, count_records, non_empty, offline, projection_ledgers,
                                   published, read_partitions, wait_for_results)
 
@@ -29,7 +29,7 @@ GARBAGE = [b"not avro at all", b"\xc3\x01" + b"\x00" * 8 + b"unknown fingerprint
 
 
 def produce_file(kafka_topics, path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "processors.cli", "produce", str(path), "--bootstrap-servers",
+    return subprocess.run([sys.executable, "-m", "branch_settlement.processors.cli.main", "produce", str(path), "--bootstrap-servers",
                            kafka_topics.bootstrap_servers, "--topic-prefix", kafka_topics.prefix],
                           capture_output=True, text=True, cwd=REPO, timeout=300)
 
@@ -95,7 +95,7 @@ def test_worked_example_end_to_end(kafka_topics, tmp_path: Path, worked_example:
     [ledger] = [led for led in projection_ledgers(tmp_path / "state", "g").values() if led["parents"]]
     tokens = ledger["parents"]["wf-42"]["dimensions"]["tokens"]
     assert (tokens["committed"], tokens["outstanding"], tokens["pending"], tokens["available"]) == (37, 0, 0, 63)
-    inspect = subprocess.run([sys.executable, "-m", "processors.cli", "inspect", "wf-42", "--state-dir",
+    inspect = subprocess.run([sys.executable, "-m", "branch_settlement.processors.cli.main", "inspect", "wf-42", "--state-dir",
                               str(tmp_path / "state"), "--group-id", "g"], capture_output=True, text=True, cwd=REPO)
     assert inspect.returncode == 0 and "wf-42 (open)" in inspect.stdout, inspect.stderr
     assert_exactly_once(kafka_topics)

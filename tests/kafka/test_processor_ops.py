@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from processors.kafka.clients import BranchEventProducer, read_outputs
-from projections import keys
-from projections.store import RocksStore
-from schemas.codec import default_codec
+from branch_settlement.processors.kafka.clients import BranchEventProducer, read_outputs
+from branch_settlement.projections import keys
+from branch_settlement.projections.store import RocksStore
+from branch_settlement.schemas.codec import default_codec
 from tests.kafka.pipeline import ProcessorProcess, read_partitions, wait_for_results
 from tests.kafka.test_processor import produce_file
 

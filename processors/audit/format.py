@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from processors import results as r
-from processors.audit_history import PARENT_ROW, Step
-from projections import model
+from branch_settlement.processors.ledger import results as r
+from branch_settlement.processors.audit.history import PARENT_ROW, Step
+from branch_settlement.projections import model
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 ARROW = "→"

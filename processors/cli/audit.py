@@ -6,8 +6,8 @@ every release and where it went, and the balances after each step. On the termin
 (`render_text`); with `--html OUT.html` also as one self-contained page that opens with a chart of the
 balances per dimension and a timeline of the children (`render_html`).
 
-The pieces: processors/audit_history.py (fold and collect), audit_format.py (shared wording),
-audit_text.py, audit_chart.py (SVG), audit_html.py (the page).
+The pieces, in processors/audit/: history.py (fold and collect), format.py (shared wording), text.py,
+chart.py (SVG), html.py (the page).
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import os
 import sys
 from pathlib import Path
 
-from processors.audit_history import History, Segment, Step, Timeline, UnknownParentError, parent_history
-from processors.audit_html import CHART_DATA_ID, chart_data, render_html
-from processors.audit_text import render_text
-from processors.errors import SettlementError
+from branch_settlement.processors.audit.history import History, Segment, Step, Timeline, parent_history
+from branch_settlement.processors.audit.errors import UnknownParentError
+from branch_settlement.processors.audit.html import CHART_DATA_ID, chart_data, render_html
+from branch_settlement.processors.audit.text import render_text
+from branch_settlement.errors import SettlementError
 
 __all__ = [
     "CHART_DATA_ID",
@@ -72,14 +73,14 @@ def add_parser(commands) -> None:
                         "an export)")
     p.add_argument("--topic-prefix", default=os.environ.get("SETTLE_TOPIC_PREFIX", ""),
                    help="prefix of the topic names (env SETTLE_TOPIC_PREFIX)")
-    from processors.kafka import connection
+    from branch_settlement.processors.kafka import connection
 
     connection.add_connection_arguments(p)
     p.set_defaults(run=run_audit)
 
 
 def run_audit(args: argparse.Namespace) -> int:
-    from schemas.codec import default_codec
+    from branch_settlement.schemas.codec import default_codec
 
     if bool(args.file) == bool(args.topic):
         raise SettlementError("give either FILE or --topic branch-events")
@@ -104,8 +105,8 @@ def run_audit(args: argparse.Namespace) -> int:
 def _inputs(args: argparse.Namespace, codec):
     """(partition, inputs of that partition, source name) for the parent: a plain file is one partition; a
     topic or an export file holds several, and the parent's events are in exactly one of them."""
-    from processors import partitioned
-    from processors.replay import read_events
+    from branch_settlement.processors.replay import partitioned
+    from branch_settlement.processors.replay.replayer import read_events
 
     if args.file:
         if not os.path.isfile(args.file):
@@ -115,9 +116,9 @@ def _inputs(args: argparse.Namespace, codec):
         by_partition = partitioned.read_export(args.file, codec)
         source = os.path.basename(args.file)
     else:
-        from processors.kafka import connection
-        from processors.kafka import topic_replay as tr
-        from processors.kafka.commands import topic_names
+        from branch_settlement.processors.kafka import connection
+        from branch_settlement.processors.crosscheck import topic_replay as tr
+        from branch_settlement.processors.cli.kafka_commands import topic_names
 
         if args.topic != "branch-events":
             raise SettlementError("--topic: only the input topic, branch-events, holds a parent's history")

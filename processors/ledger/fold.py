@@ -20,15 +20,15 @@ import hashlib
 import json
 import operator
 
-from processors import results as r
-from processors.context import EventContext
-from processors.errors import InvariantViolation
-from processors.handlers import HANDLERS, Reject, fire_timer, rebase_timers
-from processors.outputs import Outputs
-from projections import model
-from projections.view import LedgerView
-from schemas.codec import EVENT_TYPES, default_codec
-from schemas.event_json import compile_sorted_json
+from branch_settlement.processors.ledger import results as r
+from branch_settlement.processors.ledger.context import EventContext
+from branch_settlement.processors.ledger.errors import InvariantViolation
+from branch_settlement.processors.ledger.handlers import HANDLERS, Reject, fire_timer, rebase_timers
+from branch_settlement.processors.ledger.outputs import Outputs
+from branch_settlement.projections import model
+from branch_settlement.projections.view import LedgerView
+from branch_settlement.schemas.codec import EVENT_TYPES, default_codec
+from branch_settlement.schemas.event_json import compile_sorted_json
 
 # Fields that describe a delivery, not the settlement: left out of the payload comparison (SPEC §10).
 DELIVERY_FIELDS = ("event_id", "occurred_at_ms")

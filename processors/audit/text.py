@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from processors import results as r
-from processors.audit_format import ARROW, PARENT_SOURCE, applied, iso_ms, plural, step_changes, who
-from processors.audit_history import History, Step
-from processors.report import balance_table
+from branch_settlement.processors.ledger import results as r
+from branch_settlement.processors.audit.format import ARROW, PARENT_SOURCE, applied, iso_ms, plural, step_changes, who
+from branch_settlement.processors.audit.history import History, Step
+from branch_settlement.processors.replay.report import balance_table
 
 _STYLES = {"bold": "1", "dim": "2", "green": "32", "yellow": "33", "red": "31", "cyan": "36"}
 

@@ -9,9 +9,9 @@ import signal
 import sys
 from pathlib import Path
 
-from processors.errors import SettlementError
-from processors.kafka import config as cfg
-from processors.kafka import connection, topics
+from branch_settlement.errors import SettlementError
+from branch_settlement.processors.kafka import config as cfg
+from branch_settlement.processors.kafka import connection, topics
 
 log = logging.getLogger("settle")
 
@@ -42,7 +42,7 @@ def add_run(commands) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from processors.kafka.processor import Processor
+    from branch_settlement.processors.kafka.processor import Processor
 
     config = cfg.load(args)
     setup_logging(config.log_level)
@@ -81,9 +81,9 @@ def add_produce(commands) -> None:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from processors.kafka.clients import BranchEventProducer
-    from processors.replay import read_jsonl
-    from schemas.codec import default_codec
+    from branch_settlement.processors.kafka.clients import BranchEventProducer
+    from branch_settlement.processors.replay.replayer import read_jsonl
+    from branch_settlement.schemas.codec import default_codec
 
     if not os.path.isfile(args.file):
         raise SettlementError(f"no such file: {args.file}")
@@ -129,10 +129,10 @@ def add_inspect(commands) -> None:
 def _inspect(args: argparse.Namespace) -> int:
     import json
 
-    from processors.report import balance_table
-    from projections import keys
-    from projections.store import RocksStore
-    from schemas.codec import default_codec
+    from branch_settlement.processors.replay.report import balance_table
+    from branch_settlement.projections import keys
+    from branch_settlement.projections.store import RocksStore
+    from branch_settlement.schemas.codec import default_codec
 
     root = Path(args.state_dir) / args.group_id
     if not root.is_dir():

@@ -6,7 +6,7 @@ release always names its triggering event, input offset and ledger time without 
 
 from __future__ import annotations
 
-from processors.outputs import Outputs
+from branch_settlement.processors.ledger.outputs import Outputs
 
 
 class EventContext:

@@ -13,7 +13,7 @@ class Outputs:
     settled: list[dict] = field(default_factory=list)
     # When a list: a tick appends, before each timer it fires, (the timer, how many releases, audit records
     # and summaries there were), so a fold split by parent can put several shards' expiries back in the order
-    # one fold gives them (processors/sharded.py). None: not recorded.
+    # one fold gives them (processors/replay/sharded.py). None: not recorded.
     timer_marks: list | None = None
 
     def clear(self) -> None:

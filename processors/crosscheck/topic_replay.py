@@ -29,13 +29,13 @@ from typing import Callable, Iterable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from processors.kafka.errors import KafkaFailure
-from processors.kafka.partition import OUTPUT_ROUTES, OUTPUT_TOPICS
-from processors.partitioned import decode_record, gather_workers, send_outcome, start_workers, stop_workers
-from processors.replay import Input, Replayer, ReplayResult, child_entry, ledger_snapshot, parent_entry
-from projections import keys
-from projections.store import MemoryStore, RocksStore, Store
-from schemas.codec import HEADER_SIZE, Codec, CodecError, default_codec
+from branch_settlement.processors.kafka.errors import KafkaFailure
+from branch_settlement.processors.kafka.partition import OUTPUT_ROUTES, OUTPUT_TOPICS
+from branch_settlement.processors.replay.partitioned import decode_record, gather_workers, send_outcome, start_workers, stop_workers
+from branch_settlement.processors.replay.replayer import Input, Replayer, ReplayResult, child_entry, ledger_snapshot, parent_entry
+from branch_settlement.projections import keys
+from branch_settlement.projections.store import MemoryStore, RocksStore, Store
+from branch_settlement.schemas.codec import HEADER_SIZE, Codec, CodecError, default_codec
 
 DERIVED = {  # output topic -> (kind, the Outputs list it is derived from)
     "settlement-results": (("SettlementResult", "results"),),

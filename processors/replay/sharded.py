@@ -21,7 +21,7 @@ named parent_id (a shard that decodes such a line into another parent's event ra
 Any other line is decoded by every shard, and kept by the one its parent hashes to (by all: a tick). A line
 that is not an event is the dead letter of the shard its bytes name, or of shard 0.
 
-What comes back is what `settle replay` prints (processors/report.py, `replay.document`): every result and
+What comes back is what `settle replay` prints (processors/replay/report.py, `replay.document`): every result and
 release with the fields those reports show, the dead letters and the ledger; not the audit records and
 `ParentSettled` summaries, which only the topic replay compares.
 """
@@ -35,12 +35,12 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from processors.outputs import Outputs
-from processors.partitioned import _cores, gather_workers, send_outcome, start_workers, stop_workers
-from processors.replay import (ASIDE_MIN_BYTES, DEFAULT_CHECKPOINT_EVENTS, Replayer, ReplayError, ReplayResult,
+from branch_settlement.processors.ledger.outputs import Outputs
+from branch_settlement.processors.replay.partitioned import _cores, gather_workers, send_outcome, start_workers, stop_workers
+from branch_settlement.processors.replay.replayer import (ASIDE_MIN_BYTES, DEFAULT_CHECKPOINT_EVENTS, Replayer, ReplayError, ReplayResult,
                                _single_threaded, decode_json_line, ledger_snapshot)
-from projections.store import MemoryStore
-from schemas.codec import Codec
+from branch_settlement.projections.store import MemoryStore
+from branch_settlement.schemas.codec import Codec
 
 # A top-level string field parent_id with no escape in it; the only match in a line names the line's shard.
 _PARENT_ID = re.compile(rb'"parent_id"\s*:\s*"([^"\\]*)"')
@@ -184,7 +184,7 @@ def replay_file(path: str | os.PathLike, codec: Codec, jobs: int | None = None,
                 checkpoint_events: int = DEFAULT_CHECKPOINT_EVENTS) -> tuple[ReplayResult, dict]:
     """What `settle replay FILE` folds (a file that is not an export): in parent shards when `usable`, else in
     this process with the file decoded by a forked reader; the result and the ledger either way."""
-    from processors.replay import read_events_aside, replay
+    from branch_settlement.processors.replay.replayer import read_events_aside, replay
 
     if usable(path, jobs):
         return replay_jsonl(path, codec, jobs, checkpoint_events)

@@ -9,9 +9,9 @@ Handlers validate first and call these only once the event is known to apply: th
 
 from __future__ import annotations
 
-from processors.context import EventContext
-from projections import model
-from projections.view import LedgerView
+from branch_settlement.processors.ledger.context import EventContext
+from branch_settlement.projections import model
+from branch_settlement.projections.view import LedgerView
 
 
 def touch(ctx: EventContext, view: LedgerView, parent: dict, child: dict | None = None) -> None:

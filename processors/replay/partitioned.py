@@ -15,11 +15,11 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import fastavro
 
-from processors.replay import (Input, ReplayError, ReplayResult, _single_threaded, ledger_snapshot, replay,
+from branch_settlement.processors.replay.replayer import (Input, ReplayError, ReplayResult, _single_threaded, ledger_snapshot, replay,
                                replay_document)
-from projections.store import MemoryStore, Store
-from schemas import EVENT_TYPES
-from schemas.codec import Codec, CodecError
+from branch_settlement.projections.store import MemoryStore, Store
+from branch_settlement.schemas import EVENT_TYPES
+from branch_settlement.schemas.codec import Codec, CodecError
 
 EXPORT_RECORD = "io.branchsettlement.export.ExportedRecord"
 T = TypeVar("T")

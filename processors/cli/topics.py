@@ -14,10 +14,10 @@ import sys
 
 from confluent_kafka.admin import AdminClient
 
-from processors.errors import ConfigError
-from processors.kafka import topics
-from processors.kafka.connection import add_connection_arguments, config_from_args
-from processors.kafka.errors import KafkaFailure
+from branch_settlement.errors import ConfigError
+from branch_settlement.processors.kafka import topics
+from branch_settlement.processors.kafka.connection import add_connection_arguments, config_from_args
+from branch_settlement.processors.kafka.errors import KafkaFailure
 
 EXIT_OK = 0
 EXIT_DRIFT = 1

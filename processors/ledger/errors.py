@@ -1,13 +1,8 @@
-"""The error tree. One root, few branches; each says what raises it and what the operator should do.
-
-Expected bad input is never an exception: it is a result code (processors/results.py) or a dead letter.
-"""
+"""Errors of the fold: bugs, never bad input (bad input is a result code or a dead letter)."""
 
 from __future__ import annotations
 
-
-class SettlementError(Exception):
-    """Root of every error this project raises on purpose."""
+from branch_settlement.errors import SettlementError
 
 
 class InvariantViolation(SettlementError):
@@ -30,18 +25,10 @@ class InvariantViolation(SettlementError):
 
 
 class LedgerAuditFailure(InvariantViolation):
-    """The ledger auditor (processors/ledger_auditor.py) recomputed a balance term, a child's conservation of
+    """The ledger auditor (processors/ledger/auditor.py) recomputed a balance term, a child's conservation of
     what it held, or a parent's closing condition from first principles and found the fold's ledger
     disagreeing, even where the invariant's sum still holds: a bug in the fold, never bad input.
 
     Raised where the auditor runs: the tests, the bounded exhaustive check and the fault simulation.
     Operator or developer: keep the input, reproduce with the seed or sequence the message names, fix the
     fold."""
-
-
-class InputError(SettlementError):
-    """A record or line could not be decoded into an event. Becomes a dead letter, never stops anything."""
-
-
-class ConfigError(SettlementError):
-    """A setting is missing or invalid. Raised at start-up; the message names the setting to fix."""

@@ -1,15 +1,15 @@
 """One handler per event type (SPEC §4, §5, §8). Each first decides, raising `Reject` with a result code
-and changing nothing, then applies through the steps of processors/accounting.py."""
+and changing nothing, then applies through the steps of processors/ledger/accounting.py."""
 
 from __future__ import annotations
 
 from typing import Callable
 
-from processors import accounting as acc
-from processors import results as r
-from processors.context import EventContext
-from projections import model
-from projections.view import LedgerView
+from branch_settlement.processors.ledger import accounting as acc
+from branch_settlement.processors.ledger import results as r
+from branch_settlement.processors.ledger.context import EventContext
+from branch_settlement.projections import model
+from branch_settlement.projections.view import LedgerView
 
 SETTLING_REPORTS = ("UsageReported", "ChildCompleted", "CancelAcknowledged", "ChildFailed")
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 from html import escape
 
-from processors import results as r
-from processors.audit_chart import (MODES, STACK, STATE_COLOURS, STATE_ORDER, TERM_COLOURS, balance_chart,
+from branch_settlement.processors.ledger import results as r
+from branch_settlement.processors.audit.chart import (MODES, STACK, STATE_COLOURS, STATE_ORDER, TERM_COLOURS, balance_chart,
                                     terms_shown, timeline_chart)
-from processors.audit_format import PARENT_SOURCE, TERM_LABELS, clock_ms, iso_ms, plural, step_changes, who
-from processors.audit_history import PARENT_ROW, History
-from projections import model
+from branch_settlement.processors.audit.format import PARENT_SOURCE, TERM_LABELS, clock_ms, iso_ms, plural, step_changes, who
+from branch_settlement.processors.audit.history import PARENT_ROW, History
+from branch_settlement.projections import model
 
 CHART_DATA_ID = "chart-data"
 

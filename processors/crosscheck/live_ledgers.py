@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from processors.errors import SettlementError
-from processors.replay import ledger_snapshot
-from projections.store import RocksStore
-from schemas.codec import default_codec
+from branch_settlement.errors import SettlementError
+from branch_settlement.processors.replay.replayer import ledger_snapshot
+from branch_settlement.projections.store import RocksStore
+from branch_settlement.schemas.codec import default_codec
 
 
 def live_projections(state_dir: str, group_id: str):
     """The processor's projections, for `audit_replay(live_ledgers=...)`: each replay process opens the
     partitions it replays (read-only) and compares record bytes before decoding any."""
-    from processors.kafka.topic_replay import LiveProjections
+    from branch_settlement.processors.crosscheck.topic_replay import LiveProjections
 
     return LiveProjections(str(_root(state_dir, group_id)))
 

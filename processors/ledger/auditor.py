@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import pickle
 
-from processors.errors import LedgerAuditFailure
-from processors.fold import Fold
-from processors.outputs import Outputs
-from projections import model
-from projections.view import LedgerView
+from branch_settlement.processors.ledger.errors import LedgerAuditFailure
+from branch_settlement.processors.ledger.fold import Fold
+from branch_settlement.processors.ledger.outputs import Outputs
+from branch_settlement.projections import model
+from branch_settlement.projections.view import LedgerView
 
 _RESULT_OK = frozenset({"ok", "overdrawn"})
 

@@ -7,8 +7,9 @@ import argparse
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from processors import audit, replay_cli
-from processors.errors import SettlementError
+from branch_settlement.processors.cli import audit
+from branch_settlement.processors.cli import replay as replay_cli
+from branch_settlement.errors import SettlementError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -36,8 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_kafka_commands(commands) -> None:
-    from processors.kafka import commands as kafka_commands
-    from processors.kafka import topics_cli
+    from branch_settlement.processors.cli import kafka_commands
+    from branch_settlement.processors.cli import topics as topics_cli
 
     kafka_commands.add_run(commands)
     kafka_commands.add_produce(commands)

@@ -8,7 +8,7 @@ import os
 import sys
 from datetime import datetime, timezone
 
-from processors.errors import SettlementError
+from branch_settlement.errors import SettlementError
 
 EXIT_AGREES = 0
 EXIT_DIVERGES = 1
@@ -63,7 +63,7 @@ def add_parsers(commands) -> None:
 
 
 def _add_topic_arguments(p: argparse.ArgumentParser) -> None:
-    from processors.kafka import connection
+    from branch_settlement.processors.kafka import connection
 
     p.add_argument("--partitions", metavar="P[,P...]", help="only these partitions (default: all)")
     p.add_argument("--topic-prefix", default=os.environ.get("SETTLE_TOPIC_PREFIX", ""),
@@ -104,12 +104,12 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def _replay_file(args: argparse.Namespace) -> int:
-    from processors import partitioned
-    from processors import replay as rp
-    from processors import sharded
-    from processors.report import print_summary
-    from projections.store import RocksStore
-    from schemas.codec import default_codec
+    from branch_settlement.processors.replay import partitioned
+    from branch_settlement.processors.replay import replayer as rp
+    from branch_settlement.processors.replay import sharded
+    from branch_settlement.processors.replay.report import print_summary
+    from branch_settlement.projections.store import RocksStore
+    from branch_settlement.schemas.codec import default_codec
 
     if not os.path.isfile(args.file):
         raise SettlementError(f"no such file: {args.file}")
@@ -147,7 +147,7 @@ def _replay_file(args: argparse.Namespace) -> int:
 
 
 def _print_partitioned(folded: dict, codec, as_json: bool) -> None:
-    from processors import partitioned
+    from branch_settlement.processors.replay import partitioned
 
     if as_json:
         doc = partitioned.merged_document(folded, codec)
@@ -160,8 +160,8 @@ def _print_partitioned(folded: dict, codec, as_json: bool) -> None:
 def _summary(partition: int, result, store, codec) -> str:
     import io
 
-    from processors.replay import ledger_snapshot
-    from processors.report import print_summary
+    from branch_settlement.processors.replay.replayer import ledger_snapshot
+    from branch_settlement.processors.replay.report import print_summary
 
     out = io.StringIO()
     out.write(f"=== partition {partition}\n")
@@ -170,7 +170,7 @@ def _summary(partition: int, result, store, codec) -> str:
 
 
 def _names(args: argparse.Namespace) -> dict[str, str]:
-    from processors.kafka.commands import topic_names
+    from branch_settlement.processors.cli.kafka_commands import topic_names
 
     names = topic_names(args.topic_prefix, args.topic_spec)
     if args.topic not in names:
@@ -181,10 +181,10 @@ def _names(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _replay_topic(args: argparse.Namespace) -> int:
-    from processors.kafka import connection
-    from processors.kafka import topic_replay as tr
-    from processors.replay_cli_ledgers import live_projections
-    from schemas.codec import default_codec
+    from branch_settlement.processors.kafka import connection
+    from branch_settlement.processors.crosscheck import topic_replay as tr
+    from branch_settlement.processors.crosscheck.live_ledgers import live_projections
+    from branch_settlement.schemas.codec import default_codec
 
     names = _names(args)
     client = connection.config_from_args(args)
@@ -222,10 +222,10 @@ def _replay_topic(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from processors import partitioned
-    from processors.kafka import connection
-    from processors.kafka import topic_replay as tr
-    from schemas.codec import default_codec
+    from branch_settlement.processors.replay import partitioned
+    from branch_settlement.processors.kafka import connection
+    from branch_settlement.processors.crosscheck import topic_replay as tr
+    from branch_settlement.schemas.codec import default_codec
 
     names = _names(args)
     client = connection.config_from_args(args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TextIO
 
-from projections import model
+from branch_settlement.projections import model
 
 # Column headings of the balance table, in BALANCE_TERMS order.
 _HEADINGS = ("capacity", "available", "outstanding", "pending", "awaiting", "lent", "to_pool", "committed",

@@ -16,9 +16,9 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from html import escape
 
-from processors.audit_format import TERM_LABELS, clock_ms, iso_ms, row_label, who
-from processors.audit_history import History, Segment, Step, Timeline
-from projections import model
+from branch_settlement.processors.audit.format import TERM_LABELS, clock_ms, iso_ms, row_label, who
+from branch_settlement.processors.audit.history import History, Segment, Step, Timeline
+from branch_settlement.projections import model
 
 EVENT_MODE = "event"
 TIME_MODE = "time"

@@ -12,25 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from processors import results as r
-from processors.errors import SettlementError
-from processors.fold import Fold
-from processors.outputs import Outputs
-from processors.replay import Input, open_view
-from projections import model
-from projections.store import MemoryStore
-from schemas.codec import Codec, default_codec
+from branch_settlement.processors.ledger import results as r
+from branch_settlement.processors.ledger.fold import Fold
+from branch_settlement.processors.ledger.outputs import Outputs
+from branch_settlement.processors.replay.replayer import Input, open_view
+from branch_settlement.projections import model
+from branch_settlement.projections.store import MemoryStore
+from branch_settlement.schemas.codec import Codec, default_codec
+from branch_settlement.processors.audit.errors import UnknownParentError
 
 # The pseudo child id of the parent's own status row in the timelines.
 PARENT_ROW = ""
-
-
-class UnknownParentError(SettlementError):
-    """`settle audit` was asked about a parent that no event of the input reserved.
-
-    Raised by `parent_history` before anything is rendered. Operator: check the parent id (it is case
-    sensitive) and that the file or partition is the one the parent's events were written to.
-    """
 
 
 @dataclass

@@ -18,14 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from processors import gc_tuning
-from processors.fold import Fold
-from processors.ledger_auditor import AuditedFold
-from processors.outputs import Outputs
-from projections import keys, model
-from projections.store import MemoryStore, Store
-from projections.view import LedgerView
-from schemas.codec import Codec, CodecError, default_codec
+from branch_settlement.processors import gc_tuning
+from branch_settlement.processors.ledger.fold import Fold
+from branch_settlement.processors.ledger.auditor import AuditedFold
+from branch_settlement.processors.ledger.outputs import Outputs
+from branch_settlement.projections import keys, model
+from branch_settlement.projections.store import MemoryStore, Store
+from branch_settlement.projections.view import LedgerView
+from branch_settlement.schemas.codec import Codec, CodecError, default_codec
+from branch_settlement.processors.replay.errors import ReplayError
 
 DEFAULT_CHECKPOINT_EVENTS = 10_000
 
@@ -128,10 +129,6 @@ def read_events_aside(path: str | Path, codec: Codec, min_bytes: int = ASIDE_MIN
             reader.join()
 
 
-class ReplayError(RuntimeError):
-    """The process reading a replayed file failed; the message says how."""
-
-
 def _read_aside(path: str, codec: Codec, send) -> None:
     try:
         batch = []
@@ -171,7 +168,7 @@ def replay(
     audit_ledger: bool = False,
 ) -> tuple[ReplayResult, Store]:
     """Fold every input into `store` (a fresh MemoryStore by default); return the outputs and the store.
-    `audit_ledger`: run the ledger auditor after every event (processors/ledger_auditor.py)."""
+    `audit_ledger`: run the ledger auditor after every event (processors/ledger/auditor.py)."""
     replayer = Replayer(store, codec=codec, partition=partition, checkpoint_events=checkpoint_events,
                         audit_ledger=audit_ledger)
     feed = replayer.feed
