@@ -1,13 +1,6 @@
 """Avro schemas of branch settlement (`*.avsc`, older versions in `history/`) and their codec."""
 
-from branch_settlement.schemas.codec import (
-    EVENT_TYPES,
-    LEDGER_TYPES,
-    OUTPUT_TYPES,
-    SCHEMA_DIR,
-    Codec,
-    default_codec,
-)
+from branch_settlement.schemas.codec import EVENT_TYPES, LEDGER_TYPES, OUTPUT_TYPES, SCHEMA_DIR, Codec, default_codec
 from branch_settlement.schemas.errors import CodecError
 
 __all__ = [

@@ -33,7 +33,8 @@ from fastavro import schemaless_reader, schemaless_writer
 
 from branch_settlement.schemas.errors import CodecError
 from branch_settlement.schemas.event_json import EventShape, event_type_of
-from branch_settlement.schemas.registry import SINGLE_OBJECT_MARKER, SchemaVersion, expand, load_registry, schema_fingerprint
+from branch_settlement.schemas.registry import (SINGLE_OBJECT_MARKER, SchemaVersion, expand, load_registry,
+                                                schema_fingerprint)
 
 SCHEMA_DIR = Path(__file__).resolve().parent
 EVENTS_NAMESPACE = "io.branchsettlement.events"

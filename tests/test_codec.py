@@ -12,7 +12,8 @@ from fastavro.schema import load_schema, to_parsing_canonical_form
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from branch_settlement.schemas import EVENT_TYPES, LEDGER_TYPES, OUTPUT_TYPES, SCHEMA_DIR, Codec, CodecError, default_codec
+from branch_settlement.schemas import (EVENT_TYPES, LEDGER_TYPES, OUTPUT_TYPES, SCHEMA_DIR, Codec, CodecError,
+                                       default_codec)
 from branch_settlement.schemas.registry import schema_fingerprint
 
 pytestmark = pytest.mark.unit

@@ -32,7 +32,8 @@ def workload_file(tmp_path: Path) -> Path:
 
 ASIDE_CHECK = """
 import json, sys
-from branch_settlement.processors.replay.replayer import _single_threaded, read_events, read_events_aside, replay, replay_document
+from branch_settlement.processors.replay.replayer import (_single_threaded, read_events, read_events_aside, replay,
+                                                          replay_document)
 from branch_settlement.schemas.codec import default_codec
 codec = default_codec()
 forked = _single_threaded()  # a fresh process: read_events_aside forks its reader

@@ -25,7 +25,8 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from branch_settlement.processors.kafka.restore import restore
-from branch_settlement.processors.crosscheck.topic_replay import BATCH, IDLE_WAIT_S, OUTPUT_TOPICS, READER_SETTINGS, audit_replay, know_leaders
+from branch_settlement.processors.crosscheck.topic_replay import (BATCH, IDLE_WAIT_S, OUTPUT_TOPICS, READER_SETTINGS,
+                                                                  audit_replay, know_leaders)
 from branch_settlement.processors.replay.replayer import read_events
 from branch_settlement.processors.replay.sharded import replay_file
 from branch_settlement.processors.crosscheck.live_ledgers import live_projections

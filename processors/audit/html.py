@@ -11,9 +11,10 @@ import json
 from html import escape
 
 from branch_settlement.processors.ledger import results as r
-from branch_settlement.processors.audit.chart import (MODES, STACK, STATE_COLOURS, STATE_ORDER, TERM_COLOURS, balance_chart,
-                                    terms_shown, timeline_chart)
-from branch_settlement.processors.audit.format import PARENT_SOURCE, TERM_LABELS, clock_ms, iso_ms, plural, step_changes, who
+from branch_settlement.processors.audit.chart import (MODES, STACK, STATE_COLOURS, STATE_ORDER, TERM_COLOURS,
+                                                      balance_chart, terms_shown, timeline_chart)
+from branch_settlement.processors.audit.format import (PARENT_SOURCE, TERM_LABELS, clock_ms, iso_ms, plural,
+                                                       step_changes, who)
 from branch_settlement.processors.audit.history import PARENT_ROW, History
 from branch_settlement.projections import model
 

@@ -31,8 +31,10 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from branch_settlement.processors.kafka.errors import KafkaFailure
 from branch_settlement.processors.kafka.partition import OUTPUT_ROUTES, OUTPUT_TOPICS
-from branch_settlement.processors.replay.partitioned import decode_record, gather_workers, send_outcome, start_workers, stop_workers
-from branch_settlement.processors.replay.replayer import Input, Replayer, ReplayResult, child_entry, ledger_snapshot, parent_entry
+from branch_settlement.processors.replay.partitioned import (decode_record, gather_workers, send_outcome, start_workers,
+                                                             stop_workers)
+from branch_settlement.processors.replay.replayer import (Input, Replayer, ReplayResult, child_entry, ledger_snapshot,
+                                                          parent_entry)
 from branch_settlement.projections import keys
 from branch_settlement.projections.store import MemoryStore, RocksStore, Store
 from branch_settlement.schemas.codec import HEADER_SIZE, Codec, CodecError, default_codec

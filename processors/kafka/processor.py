@@ -17,16 +17,16 @@ from confluent_kafka.admin import AdminClient
 
 from branch_settlement.processors import gc_tuning
 from branch_settlement.processors.ledger.errors import InvariantViolation
-from branch_settlement.processors.kafka.checkpoint import (CommitOutcomeUnknown, FatalProducerError, ProducerFenced,
-                                        commit_checkpoint, rewind)
-from branch_settlement.processors.kafka.errors import KafkaFailure
+from branch_settlement.processors.kafka.checkpoint import commit_checkpoint, rewind
+from branch_settlement.processors.kafka.errors import (CommitOutcomeUnknown, FatalProducerError, KafkaFailure,
+                                                       ProducerFenced, TransactionCallStuck)
 from branch_settlement.processors.kafka.config import ProcessorConfig
 from branch_settlement.processors.kafka.metrics import Metrics
-from branch_settlement.processors.kafka.partition import PartitionTask, delete_store, input_position, open_store, store_path
+from branch_settlement.processors.kafka.partition import (PartitionTask, delete_store, input_position, open_store,
+                                                          store_path)
 from branch_settlement.processors.kafka.restore import restore
 from branch_settlement.processors.kafka.stability import StabilityWatch, stall_threshold_s
 from branch_settlement.processors.kafka.txn_guard import bounded, check_stuck_budget, stuck_calls
-from branch_settlement.processors.kafka.errors import TransactionCallStuck
 from branch_settlement.projections import view
 from branch_settlement.schemas.codec import Codec, CodecError, default_codec
 

@@ -15,8 +15,9 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import fastavro
 
-from branch_settlement.processors.replay.replayer import (Input, ReplayError, ReplayResult, _single_threaded, ledger_snapshot, replay,
-                               replay_document)
+from branch_settlement.processors.replay.replayer import (Input, ReplayResult, _single_threaded, ledger_snapshot,
+                                                          replay, replay_document)
+from branch_settlement.processors.replay.errors import ReplayError
 from branch_settlement.projections.store import MemoryStore, Store
 from branch_settlement.schemas import EVENT_TYPES
 from branch_settlement.schemas.codec import Codec, CodecError
