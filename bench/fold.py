@@ -34,9 +34,10 @@ from branch_settlement.processors.replay.replayer import open_view  # noqa: E402
 from branch_settlement.processors.workload import Generator  # noqa: E402
 from branch_settlement.projections.store import MemoryStore, RocksStore  # noqa: E402
 from branch_settlement.schemas.codec import default_codec  # noqa: E402
+from branch_settlement.processors.ledger.outputs import OUTPUT_ROUTES  # noqa: E402
 
-OUTPUT_RECORDS = (("results", "SettlementResult"), ("releases", "CapacityReleased"), ("audits", "AuditRecord"),
-                  ("settled", "ParentSettled"))
+# (Outputs list, record name), from the one routing table.
+OUTPUT_RECORDS = tuple((attr, name) for attr, _, name in OUTPUT_ROUTES)
 
 
 def workload(seed: int, events: int) -> list[dict]:

@@ -27,6 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 KAFKA_SH = REPO / "deploy" / "kafka.sh"
 ADMIN_TIMEOUT_S = 30.0
 READ_TIMEOUT_S = 180.0
+# The verifier's own list of the processor's output topics, written out on purpose instead of derived from the
+# processor's routing table (processors/ledger/outputs.py): an independent check must not share what it checks.
 OUTPUT_TOPICS = ("settlement-results", "capacity-releases", "settlement-audit", "branch-events-dlq")
 
 

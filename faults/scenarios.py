@@ -22,6 +22,7 @@ from faults import verify as verifier
 from faults.kafka_io import ContinuousReader, OwnBroker, Topics, read_partitions
 from faults.processes import COMMITTED_MARKER, LogStats, ProcessorProcess, log_stats
 from faults.workload import build, publish
+from branch_settlement.processors.kafka.partition import store_path
 
 GROUP = "settle"
 WAIT_S = 900.0
@@ -358,7 +359,7 @@ def projection_deleted(run: Run) -> dict:
     run.wait_running(run.start("a"))
     run.wait_fraction(0.7)
     run.release("a").stop()
-    shutil.rmtree(run.state("a") / GROUP / "partition-1", ignore_errors=True)
+    shutil.rmtree(store_path(str(run.state("a")), GROUP, 1), ignore_errors=True)
     run.fault("projection_partition_deleted")
     run.start("a")
     return run.finish("a")

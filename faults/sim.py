@@ -47,11 +47,11 @@ from branch_settlement.processors.kafka.processor import Processor
 from branch_settlement.processors.replay.replayer import Input, ledger_snapshot, replay
 from branch_settlement.projections.store import MemoryStore
 from branch_settlement.schemas.codec import CodecError, default_codec
+from branch_settlement.processors.ledger.outputs import OUTPUT_TOPICS
 
 PARTITIONS = 2
 TOPICS = {name: name for name in ("branch-events", "ledger-changelog", "settlement-results", "capacity-releases",
                                   "settlement-audit", "branch-events-dlq")}
-OUTPUT_TOPICS = ("settlement-results", "capacity-releases", "settlement-audit", "branch-events-dlq")
 CRASH_POINTS = ("after_produce", "after_send_offsets", "after_commit", "mid_restore")
 BROKER_FAULTS = ("delivery_failed", "fenced", "send_offsets_timed_out", "commit_retriable", "commit_requires_abort",
                  "commit_unknown_committed", "commit_unknown_not_committed")

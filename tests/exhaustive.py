@@ -28,9 +28,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from branch_settlement.processors.kafka.partition import OUTPUT_ROUTES
 from branch_settlement.processors.ledger.auditor import AuditedFold, LedgerAuditor
-from branch_settlement.processors.ledger.outputs import Outputs
+from branch_settlement.processors.ledger.outputs import OUTPUT_ROUTES, Outputs
 from branch_settlement.projections.store import MemoryStore
 from branch_settlement.projections.view import CacheBudget, LedgerView
 from branch_settlement.schemas.codec import default_codec

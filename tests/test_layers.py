@@ -105,3 +105,13 @@ def test_the_rule_catches_a_fold_importing_the_runtime(tmp_path) -> None:
     names = imports(bad, f"{P}.ledger.bad")
     assert f"{P}.kafka.processor" in names
     assert layer(f"{P}.kafka.processor") not in ALLOWED[f"{P}.ledger"]
+
+
+def test_the_event_types_are_defined_once() -> None:
+    """The codec's EVENT_TYPES (one schema each) is the list; the fold's per-type tables must cover exactly it."""
+    from branch_settlement.processors.ledger.fold import ID_FIELDS
+    from branch_settlement.processors.ledger.handlers import HANDLERS
+    from branch_settlement.schemas.codec import EVENT_TYPES
+
+    assert set(ID_FIELDS) == set(EVENT_TYPES)
+    assert set(HANDLERS) == set(EVENT_TYPES) - {"Tick"}  # a tick is the fold's own step, not a handler's

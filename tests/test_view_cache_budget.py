@@ -15,12 +15,13 @@ from branch_settlement.projections import view as view_module
 from branch_settlement.projections.store import MemoryStore, RocksStore
 from branch_settlement.projections.view import CacheBudget, LedgerView
 from branch_settlement.schemas.codec import default_codec
+from branch_settlement.processors.ledger.outputs import OUTPUT_ROUTES
 
 pytestmark = pytest.mark.unit
 
 PARTITIONS = 3
-OUTPUT_RECORDS = (("results", "SettlementResult"), ("releases", "CapacityReleased"), ("audits", "AuditRecord"),
-                  ("settled", "ParentSettled"))
+# (Outputs list, record name), from the one routing table.
+OUTPUT_RECORDS = tuple((attr, name) for attr, _, name in OUTPUT_ROUTES)
 
 
 def fold_partitioned(budget: CacheBudget | None, stores: list, events: int = 3000, checkpoint_events: int = 40,

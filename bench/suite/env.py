@@ -14,13 +14,14 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from branch_settlement.processors.kafka import topics
+from branch_settlement.processors.ledger import outputs
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN_TIMEOUT_S = 30.0
 INPUT = "branch-events"
 CHANGELOG = "ledger-changelog"
 RESULTS = "settlement-results"
-OUTPUT_TOPICS = ("settlement-results", "capacity-releases", "settlement-audit", "branch-events-dlq", CHANGELOG)
+OUTPUT_TOPICS = (*outputs.OUTPUT_TOPICS, CHANGELOG)  # what the processor writes: its outputs and its changelog
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 
 from branch_settlement.errors import SettlementError
 from branch_settlement.processors.kafka import config as cfg
@@ -129,16 +128,14 @@ def add_inspect(commands) -> None:
 def _inspect(args: argparse.Namespace) -> int:
     import json
 
+    from branch_settlement.processors.kafka.partition import group_dir, stored_partitions
     from branch_settlement.processors.replay.report import balance_table
     from branch_settlement.projections import keys
     from branch_settlement.projections.store import RocksStore
     from branch_settlement.schemas.codec import default_codec
 
-    root = Path(args.state_dir) / args.group_id
-    if not root.is_dir():
-        raise SettlementError(f"no projections under {root}: is --state-dir/--group-id the processor's?")
     codec = default_codec()
-    for path in sorted(root.glob("partition-*")):
+    for path in stored_partitions(args.state_dir, args.group_id).values():
         store = RocksStore(path, read_only=True)
         try:
             raw = store.get(keys.parent_key(args.parent_id))
@@ -159,4 +156,5 @@ def _inspect(args: argparse.Namespace) -> int:
             print(f"  {child['child_id']:<16} {child['state']:<18} attempt {child['attempt_id']:<12} "
                   f"generation {child['lease_generation']}  reserved {child['reserved']}  consumed {child['consumed']}")
         return 0
-    raise SettlementError(f"parent {args.parent_id!r} is in none of the projections under {root}")
+    raise SettlementError(f"parent {args.parent_id!r} is in none of the projections under "
+                          f"{group_dir(args.state_dir, args.group_id)}")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from branch_settlement.errors import SettlementError
+from branch_settlement.processors.kafka.partition import stored_partitions
 from branch_settlement.processors.replay.replayer import ledger_snapshot
 from branch_settlement.projections.store import RocksStore
 from branch_settlement.schemas.codec import default_codec
@@ -15,23 +13,17 @@ def live_projections(state_dir: str, group_id: str):
     partitions it replays (read-only) and compares record bytes before decoding any."""
     from branch_settlement.processors.crosscheck.topic_replay import LiveProjections
 
-    return LiveProjections(str(_root(state_dir, group_id)))
-
-
-def _root(state_dir: str, group_id: str) -> Path:
-    root = Path(state_dir) / group_id
-    if not root.is_dir():
-        raise SettlementError(f"no projections under {root}: is --state-dir/--group-id the processor's?")
-    return root
+    stored_partitions(state_dir, group_id)  # fails at once when there are none
+    return LiveProjections(state_dir, group_id)
 
 
 def live_ledgers(state_dir: str, group_id: str, partitions: list[int]) -> dict[int, dict]:
-    root = _root(state_dir, group_id)
+    stored = stored_partitions(state_dir, group_id)
     codec = default_codec()
     ledgers = {}
     for partition in partitions:
-        path = root / f"partition-{partition}"
-        if not path.exists():
+        path = stored.get(partition)
+        if path is None:
             continue
         store = RocksStore(path, read_only=True)
         try:

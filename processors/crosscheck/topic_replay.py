@@ -30,7 +30,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, KafkaErr
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from branch_settlement.processors.kafka.errors import KafkaFailure
-from branch_settlement.processors.kafka.partition import OUTPUT_ROUTES, OUTPUT_TOPICS
+from branch_settlement.processors.kafka.partition import store_path
+from branch_settlement.processors.ledger.outputs import DEAD_LETTER_TOPIC, OUTPUT_ROUTES, OUTPUT_TOPICS
 from branch_settlement.processors.replay.partitioned import (decode_record, gather_workers, send_outcome, start_workers,
                                                              stop_workers)
 from branch_settlement.processors.replay.replayer import (Input, Replayer, ReplayResult, child_entry, ledger_snapshot,
@@ -39,11 +40,9 @@ from branch_settlement.projections import keys
 from branch_settlement.projections.store import MemoryStore, RocksStore, Store
 from branch_settlement.schemas.codec import HEADER_SIZE, Codec, CodecError, default_codec
 
-DERIVED = {  # output topic -> (kind, the Outputs list it is derived from)
-    "settlement-results": (("SettlementResult", "results"),),
-    "capacity-releases": (("CapacityReleased", "releases"), ("ParentSettled", "settled")),
-    "settlement-audit": (("AuditRecord", "audits"),),
-}
+# Output topic -> ((record name, the Outputs list it is derived from), ...), from the one routing table.
+DERIVED = {topic: tuple((name, attr) for attr, routed, name in OUTPUT_ROUTES if routed == topic)
+           for topic in dict.fromkeys(topic for _, topic, _ in OUTPUT_ROUTES)}
 
 
 @dataclass
@@ -274,7 +273,7 @@ def audit_replay(client_config: dict, names: dict[str, str], codec: Codec, *, pa
     by_partition = _run_jobs(job, _jobs(jobs, partitions, codec, store_factory), progress, codec)
     progress.finish()
     # divergences in the order a sequential replay reports them: topic by topic, then the ledgers
-    for section in (*DERIVED, "branch-events-dlq", "ledger"):
+    for section in (*DERIVED, DEAD_LETTER_TOPIC, "ledger"):
         for p in sorted(by_partition):
             report.divergences.extend(by_partition[p].divergences.get(section, ()))
     report.events = sum(part.events for part in by_partition.values())
@@ -315,14 +314,15 @@ def _jobs(jobs: int | None, partitions: list[int], codec: Codec, store_factory) 
 
 @dataclass
 class LiveProjections:
-    """The live projections of a processor's state directory (`<state dir>/<group>/partition-N`), opened
+    """The live projections of a processor's state directory (kafka/partition.py's layout), opened
     read-only by whichever process replays partition N."""
 
-    root: str
+    state_dir: str
+    group_id: str
 
     def open(self, partition: int) -> Store | None:
-        path = os.path.join(self.root, f"partition-{partition}")
-        return RocksStore(path, read_only=True) if os.path.exists(path) else None
+        path = store_path(self.state_dir, self.group_id, partition)
+        return RocksStore(path, read_only=True) if path.exists() else None
 
 
 @dataclass

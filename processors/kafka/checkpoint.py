@@ -10,7 +10,8 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from branch_settlement.processors.kafka import faults
 from branch_settlement.processors.kafka.errors import KafkaFailure
-from branch_settlement.processors.kafka.partition import INPUT_POSITION_KEY, OUTPUT_TOPICS, PartitionTask
+from branch_settlement.processors.kafka.partition import INPUT_POSITION_KEY, PartitionTask
+from branch_settlement.processors.ledger.outputs import OUTPUT_TOPICS
 from branch_settlement.processors.kafka.txn_guard import bounded
 from branch_settlement.processors.kafka.errors import TransactionCallStuck
 from branch_settlement.processors.kafka.errors import CommitOutcomeUnknown, FatalProducerError, ProducerFenced

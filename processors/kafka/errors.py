@@ -89,3 +89,8 @@ class CommitOutcomeUnknown(KafkaFailure):
     EndTxn): the transaction may have committed. Raised by the checkpoint; the processor must not trust
     its in-memory state: it recreates the producer (which settles the pending transaction) and reloads
     every partition from the committed offsets and the changelog."""
+
+
+class ProjectionsNotFound(ConfigError):
+    """`--state-dir`/`--group-id` name no processor's projections. Raised by `settle inspect` and the live-ledger
+    comparison of `settle replay --topic`. Operator: pass the state directory and group id the processor runs with."""

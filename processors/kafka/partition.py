@@ -7,23 +7,14 @@ import shutil
 from pathlib import Path
 
 from branch_settlement.processors.ledger.fold import Fold
-from branch_settlement.processors.ledger.outputs import Outputs
+from branch_settlement.processors.ledger.outputs import DEAD_LETTER_TOPIC, OUTPUT_ROUTES, Outputs
 from branch_settlement.projections import keys
 from branch_settlement.projections.store import RocksStore
 from branch_settlement.projections.view import LedgerView
 from branch_settlement.schemas.codec import Codec
+from branch_settlement.processors.kafka.errors import ProjectionsNotFound
 
 
-# Output record lists of `Outputs`, the topic (logical name) each goes to, and its Avro record name.
-OUTPUT_ROUTES = (
-    ("results", "settlement-results", "SettlementResult"),
-    ("releases", "capacity-releases", "CapacityReleased"),
-    ("settled", "capacity-releases", "ParentSettled"),
-    ("audits", "settlement-audit", "AuditRecord"),
-)
-DEAD_LETTER_TOPIC = "branch-events-dlq"
-# Every topic a partition's outputs go to (logical names), in the order the routes name them.
-OUTPUT_TOPICS = (*dict.fromkeys(topic for _, topic, _ in OUTPUT_ROUTES), DEAD_LETTER_TOPIC)
 
 # The next input offset the projection covers: written with every checkpoint's ledger changes, in the
 # changelog and in the store, so a restore knows when it has caught up with the committed offsets.
@@ -35,8 +26,31 @@ def input_position(store) -> int | None:
     return None if raw is None else int(raw)
 
 
+# The state directory's layout, defined here only: <state dir>/<group id>/partition-<N>, one projection each.
+_PROJECTION_PREFIX = "partition-"
+
+
+def group_dir(state_dir: str, group_id: str) -> Path:
+    """Where a processor of `group_id` keeps its projections."""
+    return Path(state_dir) / group_id
+
+
 def store_path(state_dir: str, group_id: str, partition: int) -> Path:
-    return Path(state_dir) / group_id / f"partition-{partition}"
+    return group_dir(state_dir, group_id) / f"{_PROJECTION_PREFIX}{partition}"
+
+
+def stored_partitions(state_dir: str, group_id: str) -> dict[int, Path]:
+    """The projections a processor left in the state directory, by partition. Raises ProjectionsNotFound
+    when there is no such directory."""
+    root = group_dir(state_dir, group_id)
+    if not root.is_dir():
+        raise ProjectionsNotFound(f"no projections under {root}: is --state-dir/--group-id the processor's?")
+    found = {}
+    for path in root.glob(f"{_PROJECTION_PREFIX}*"):
+        suffix = path.name[len(_PROJECTION_PREFIX):]
+        if suffix.isdigit():
+            found[int(suffix)] = path
+    return dict(sorted(found.items()))
 
 
 class PartitionTask:

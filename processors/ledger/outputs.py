@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Output record lists of `Outputs`, the topic (logical name) each goes to, and its Avro record name: the one
+# routing table, from which the processor's producer, the cross-check, the simulations and the benchmarks derive.
+OUTPUT_ROUTES = (
+    ("results", "settlement-results", "SettlementResult"),
+    ("releases", "capacity-releases", "CapacityReleased"),
+    ("settled", "capacity-releases", "ParentSettled"),
+    ("audits", "settlement-audit", "AuditRecord"),
+)
+DEAD_LETTER_TOPIC = "branch-events-dlq"
+# Every topic a partition's outputs go to (logical names), in the order the routes name them.
+OUTPUT_TOPICS = (*dict.fromkeys(topic for _, topic, _ in OUTPUT_ROUTES), DEAD_LETTER_TOPIC)
+
 
 @dataclass
 class Outputs:

@@ -20,6 +20,7 @@ from branch_settlement.processors.kafka.partition import INPUT_POSITION_KEY, inp
 from branch_settlement.processors.workload import write_jsonl
 from branch_settlement.projections import keys
 from branch_settlement.projections.store import RocksStore
+from branch_settlement.processors.kafka.partition import store_path
 from tests.kafka.pipeline import (REPO, ProcessorProcess, count_records, non_empty, offline, projection_ledgers,
                                   published, read_partitions, wait_for_results)
 
@@ -266,7 +267,7 @@ def test_a_projection_ahead_of_the_committed_offsets_is_rebuilt(kafka_topics, tm
     state = process_workload(kafka_topics, tmp_path, 3_000, seed=17)
     before = projection_ledgers(state, "g")
     partition = next(p for p, ledger in sorted(before.items()) if ledger["parents"])
-    store = RocksStore(state / "g" / f"partition-{partition}")
+    store = RocksStore(store_path(str(state), "g", partition))
     try:  # the lost transaction's batch: a parent changed, the input position moved on
         parent_key = next(key for key, _ in store.scan(keys.prefix(keys.PARENT)))
         ahead = input_position(store) + 500
