@@ -1,1 +1,2 @@
-"""One parent's story for people (`settle audit`: text and HTML). Imports replay and the ledger; never the Kafka runtime or the CLI."""
+"""One parent's story for people (`settle audit`: text and HTML). Imports replay and the ledger; never the
+Kafka runtime or the CLI."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from branch_settlement.processors.ledger import results as r
+from branch_settlement.processors.ledger import results
 from branch_settlement.processors.audit.history import PARENT_ROW, Step
 from branch_settlement.projections import model
 
@@ -49,7 +49,7 @@ def row_label(child_id: str) -> str:
 
 
 def applied(step: Step) -> bool:
-    return step.result in r.APPLIED
+    return step.result in results.APPLIED
 
 
 def step_changes(step: Step, before: dict[str, dict[str, int]] | None) -> list[str]:

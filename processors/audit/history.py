@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from branch_settlement.processors.ledger import results as r
+from branch_settlement.processors.ledger import results
 from branch_settlement.processors.ledger.fold import Fold
 from branch_settlement.processors.ledger.outputs import Outputs
 from branch_settlement.processors.replay.replayer import Input, open_view
@@ -171,7 +171,7 @@ def parent_history(inputs: Iterable[Input], parent_id: str, codec: Codec | None 
         named += names_parent
         step = _step(item.event, result, out, parent_id)
         if names_parent or step.audits or step.releases or step.settled is not None or (
-                step.is_tick and result["result"] == r.OK and live_before):
+                step.is_tick and result["result"] == results.OK and live_before):
             after = view.parent(parent_id)
             if after is not None:
                 step.balances = _balances(after)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from html import escape
 
-from branch_settlement.processors.ledger import results as r
+from branch_settlement.processors.ledger import results
 from branch_settlement.processors.audit.chart import (MODES, STACK, STATE_COLOURS, STATE_ORDER, TERM_COLOURS,
                                                       balance_chart, terms_shown, timeline_chart)
 from branch_settlement.processors.audit.format import (PARENT_SOURCE, TERM_LABELS, clock_ms, iso_ms, plural,
@@ -155,9 +155,9 @@ def _balances(history: History) -> str:
 
 
 def _result_kind(code: str) -> str:
-    if code == r.OK:
+    if code == results.OK:
         return "ok"
-    if code in (r.DUPLICATE, r.OVERDRAWN):
+    if code in (results.DUPLICATE, results.OVERDRAWN):
         return "warn"
     return "bad"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from branch_settlement.processors.ledger import results as r
+from branch_settlement.processors.ledger import results
 from branch_settlement.processors.audit.format import ARROW, PARENT_SOURCE, applied, iso_ms, plural, step_changes, who
 from branch_settlement.processors.audit.history import History, Step
 from branch_settlement.processors.replay.report import balance_table
@@ -24,9 +24,9 @@ class _Painter:
         return f"\x1b[{_STYLES[style]}m{text}\x1b[0m" if self.color and text.strip() else text
 
     def result(self, code: str, padded: str) -> str:
-        if code in r.APPLIED:
-            return self(padded, "green" if code == r.OK else "yellow")
-        return self(padded, "yellow" if code == r.DUPLICATE else "red")
+        if code in results.APPLIED:
+            return self(padded, "green" if code == results.OK else "yellow")
+        return self(padded, "yellow" if code == results.DUPLICATE else "red")
 
 
 def render_text(history: History, *, color: bool = False) -> str:

@@ -20,7 +20,7 @@ import hashlib
 import json
 import operator
 
-from branch_settlement.processors.ledger import results as r
+from branch_settlement.processors.ledger import results
 from branch_settlement.processors.ledger.context import EventContext
 from branch_settlement.processors.ledger.errors import InvariantViolation
 from branch_settlement.processors.ledger.handlers import HANDLERS, Reject, fire_timer, rebase_timers
@@ -309,7 +309,7 @@ class Fold:
         ctx = EventContext(event, self.partition, offset, self.view.meta["ledger_time_ms"], out)
         problem = validate(event)
         if problem is not None:
-            code, detail = r.INVALID_EVENT, problem
+            code, detail = results.INVALID_EVENT, problem
         elif event["type"] == "Tick":
             code, detail = self._tick(ctx)
         else:
@@ -339,14 +339,14 @@ class Fold:
         stored = self.view.idempotency(parent_id, key)
         if stored is not None:
             if stored["payload_digest"] == digest:
-                return r.DUPLICATE, f"original event {stored['event_id']} had result {stored['result']}"
-            return r.IDEMPOTENCY_CONFLICT, (f"key {key!r} was used by event {stored['event_id']} "
+                return results.DUPLICATE, f"original event {stored['event_id']} had result {stored['result']}"
+            return results.IDEMPOTENCY_CONFLICT, (f"key {key!r} was used by event {stored['event_id']} "
                                             f"({stored['event_type']}) with another payload")
         try:
             HANDLERS[event["type"]](ctx, self.view)
         except Reject as rejection:
             return rejection.code, rejection.detail
-        code = r.OVERDRAWN if ctx.overdrawn else r.OK
+        code = results.OVERDRAWN if ctx.overdrawn else results.OK
         self.view.put_idempotency(parent_id, key, {
             "payload_digest": digest,
             "event_type": event["type"],
@@ -361,8 +361,8 @@ class Fold:
         now_ms = event["now_ms"]
         if now_ms <= meta["ledger_time_ms"]:
             if event["idempotency_key"] == meta["last_tick_key"]:
-                return r.DUPLICATE, "this tick was already applied"
-            return r.STALE_TICK, f"ledger time is already {meta['ledger_time_ms']}"
+                return results.DUPLICATE, "this tick was already applied"
+            return results.STALE_TICK, f"ledger time is already {meta['ledger_time_ms']}"
         first_tick = meta["last_tick_key"] is None
         meta["ledger_time_ms"] = now_ms
         meta["last_tick_key"] = event["idempotency_key"]
@@ -375,4 +375,4 @@ class Fold:
             if marks is not None:
                 marks.append((timer, len(out.releases), len(out.audits), len(out.settled)))
             fire_timer(ctx, self.view, *timer)
-        return r.OK, ""
+        return results.OK, ""

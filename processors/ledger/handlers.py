@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from branch_settlement.processors.ledger import accounting as acc
-from branch_settlement.processors.ledger import results as r
+from branch_settlement.processors.ledger import accounting
+from branch_settlement.processors.ledger import results
 from branch_settlement.processors.ledger.context import EventContext
 from branch_settlement.projections import model
 from branch_settlement.projections.view import LedgerView
@@ -30,18 +30,18 @@ def _parent(ctx: EventContext, view: LedgerView, *, open_only: bool = False) -> 
     parent_id = ctx.event["parent_id"]
     parent = view.parent(parent_id)
     if parent is None:
-        raise Reject(r.UNKNOWN_PARENT, f"no parent {parent_id!r}")
+        raise Reject(results.UNKNOWN_PARENT, f"no parent {parent_id!r}")
     if parent["status"] == model.PARENT_CLOSED:
-        raise Reject(r.PARENT_CLOSED, f"parent {parent_id!r} is closed")
+        raise Reject(results.PARENT_CLOSED, f"parent {parent_id!r} is closed")
     if open_only and parent["status"] != model.PARENT_OPEN:
-        raise Reject(r.PARENT_CLOSED, f"parent {parent_id!r} is {parent['status']}: new work is fenced")
+        raise Reject(results.PARENT_CLOSED, f"parent {parent_id!r} is {parent['status']}: new work is fenced")
     return parent
 
 
 def _child(view: LedgerView, parent: dict, child_id: str) -> dict:
     child = view.child(parent["parent_id"], child_id)
     if child is None:
-        raise Reject(r.UNKNOWN_CHILD, f"no child {child_id!r} of parent {parent['parent_id']!r}")
+        raise Reject(results.UNKNOWN_CHILD, f"no child {child_id!r} of parent {parent['parent_id']!r}")
     return child
 
 
@@ -50,7 +50,7 @@ def _check_dimensions(parent: dict, quantities: dict | None, field: str) -> None
         return
     unknown = sorted(set(quantities) - set(parent["dimensions"]))
     if unknown:
-        raise Reject(r.INVALID_EVENT, f"{field} names dimensions the parent does not have: {', '.join(unknown)}")
+        raise Reject(results.INVALID_EVENT, f"{field} names dimensions the parent does not have: {', '.join(unknown)}")
 
 
 def _escalate(ctx: EventContext, parent: dict, child: dict, code: str, detail: str) -> Reject:
@@ -67,7 +67,7 @@ def _escalate(ctx: EventContext, parent: dict, child: dict, code: str, detail: s
 
 def _check_attempt(ctx: EventContext, parent: dict, child: dict, attempt_id: str) -> None:
     if attempt_id != child["attempt_id"]:
-        raise _escalate(ctx, parent, child, r.SUPERSEDED_ATTEMPT,
+        raise _escalate(ctx, parent, child, results.SUPERSEDED_ATTEMPT,
                         f"attempt {attempt_id!r} does not hold child {child['child_id']!r} "
                         f"(held by {child['attempt_id']!r})")
 
@@ -84,18 +84,18 @@ def _report_target(ctx: EventContext, view: LedgerView,
     _check_attempt(ctx, parent, child, event["attempt_id"])
     state = child["state"]
     if state in model.SETTLED_STATES:
-        raise Reject(r.ALREADY_SETTLED, f"child {child['child_id']!r} is {state}")
+        raise Reject(results.ALREADY_SETTLED, f"child {child['child_id']!r} is {state}")
     if state == model.STRANDED:
-        raise _escalate(ctx, parent, child, r.INVALID_TRANSITION,
+        raise _escalate(ctx, parent, child, results.INVALID_TRANSITION,
                         "child is stranded: only an operator's ReconciliationResolved settles it")
     if state in model.PENDING_STATES and enters_reconciliation is not None and enters_reconciliation(child):
-        raise Reject(r.INVALID_TRANSITION, f"child is already in reconciliation ({state})")
+        raise Reject(results.INVALID_TRANSITION, f"child is already in reconciliation ({state})")
     generation = event["lease_generation"]
     if generation < child["lease_generation"]:
-        raise _escalate(ctx, parent, child, r.STALE_LEASE_GENERATION,
+        raise _escalate(ctx, parent, child, results.STALE_LEASE_GENERATION,
                         f"lease generation {generation} superseded by {child['lease_generation']}")
     if generation > child["lease_generation"] and state in model.PENDING_STATES:
-        raise _escalate(ctx, parent, child, r.INVALID_TRANSITION,
+        raise _escalate(ctx, parent, child, results.INVALID_TRANSITION,
                         f"lease generation {generation} is unknown to the ledger ({child['lease_generation']}) "
                         "and the child is in reconciliation")
     return parent, child
@@ -111,7 +111,7 @@ def _adopt_report(ctx: EventContext, view: LedgerView, parent: dict, child: dict
         child["activated"] = True
         prior = child["state"]
         new_state = model.ACTIVATED if prior == model.RESERVED else prior
-        acc.set_state(ctx, view, parent, child, new_state, "implied activation")
+        accounting.set_state(ctx, view, parent, child, new_state, "implied activation")
 
 
 def _known_usage(event: dict) -> dict | None:
@@ -134,37 +134,37 @@ def parent_reserved(ctx: EventContext, view: LedgerView) -> None:
     existing = view.parent(parent_id)
     if existing is not None:
         if existing["status"] == model.PARENT_CLOSED:
-            raise Reject(r.PARENT_CLOSED, f"parent {parent_id!r} is closed")
-        raise Reject(r.INVALID_TRANSITION, f"parent {parent_id!r} is already reserved")
+            raise Reject(results.PARENT_CLOSED, f"parent {parent_id!r} is closed")
+        raise Reject(results.INVALID_TRANSITION, f"parent {parent_id!r} is already reserved")
     _check_dimensions({"dimensions": event["capacity"]}, event["policy"]["lending_limit"], "lending_limit")
     lease_expires_at_ms = ctx.now_ms + event["lease_ttl_ms"]
     parent = model.new_parent(parent_id, event["capacity"], lease_expires_at_ms, event["policy"])
     view.add_timer(lease_expires_at_ms, model.TIMER_PARENT_LEASE, parent_id)
     ctx.audit(parent_id, None, "", model.PARENT_OPEN, "parent reserved")
-    acc.touch(ctx, view, parent)
+    accounting.touch(ctx, view, parent)
 
 
 def parent_closed(ctx: EventContext, view: LedgerView) -> None:
     parent = _parent(ctx, view)
     prior = parent["status"]
     if prior == model.PARENT_CLOSING:
-        raise Reject(r.INVALID_TRANSITION, f"parent {parent['parent_id']!r} is already closing")
+        raise Reject(results.INVALID_TRANSITION, f"parent {parent['parent_id']!r} is already closing")
     parent["outcome"] = ctx.event["outcome"]
     if prior == model.PARENT_OPEN:
         parent["status"] = model.PARENT_CLOSING
         ctx.audit(parent["parent_id"], None, prior, model.PARENT_CLOSING, f"parent closed: {parent['outcome']}")
-        acc.fence_parent(ctx, view, parent, "parent_closed")
+        accounting.fence_parent(ctx, view, parent, "parent_closed")
     else:
         ctx.audit(parent["parent_id"], None, prior, prior, f"close recorded on expired parent: {parent['outcome']}")
-    acc.touch(ctx, view, parent)
-    acc.finish_parent_if_done(ctx, view, parent)
+    accounting.touch(ctx, view, parent)
+    accounting.finish_parent_if_done(ctx, view, parent)
 
 
 def expire_parent(ctx: EventContext, view: LedgerView, parent: dict) -> None:
     parent["status"] = model.PARENT_EXPIRED
     ctx.audit(parent["parent_id"], None, model.PARENT_OPEN, model.PARENT_EXPIRED, "parent lease expired")
-    acc.fence_parent(ctx, view, parent, "parent_expired")
-    acc.finish_parent_if_done(ctx, view, parent)
+    accounting.fence_parent(ctx, view, parent, "parent_expired")
+    accounting.finish_parent_if_done(ctx, view, parent)
 
 
 # -- reservations and dispatch --------------------------------------------------------------------------
@@ -175,17 +175,17 @@ def child_reserved(ctx: EventContext, view: LedgerView) -> None:
     parent = _parent(ctx, view, open_only=True)
     child_id = event["child_id"]
     if view.child(parent["parent_id"], child_id) is not None:
-        raise Reject(r.INVALID_TRANSITION, f"child {child_id!r} is already reserved")
+        raise Reject(results.INVALID_TRANSITION, f"child {child_id!r} is already reserved")
     quantities = event["quantities"]
     _check_dimensions(parent, quantities, "quantities")
     if parent["live_children"] >= parent["max_live_children"]:
-        raise Reject(r.FANOUT_EXCEEDED, f"{parent['live_children']} live children, at most "
+        raise Reject(results.FANOUT_EXCEEDED, f"{parent['live_children']} live children, at most "
                                         f"{parent['max_live_children']}")
     dims = parent["dimensions"]
     short = [f"{dim} {q} > available {dims[dim]['available']}" for dim, q in sorted(quantities.items())
              if q > dims[dim]["available"]]
     if short:
-        raise Reject(r.EXCEEDS_AVAILABLE, "; ".join(short))
+        raise Reject(results.EXCEEDS_AVAILABLE, "; ".join(short))
     for dim, quantity in quantities.items():
         dims[dim]["available"] -= quantity
         dims[dim]["outstanding"] += quantity
@@ -194,7 +194,7 @@ def child_reserved(ctx: EventContext, view: LedgerView) -> None:
     parent["live_children"] += 1
     parent["open_children"] += 1
     ctx.audit(parent["parent_id"], child, "", model.RESERVED, "child reserved")
-    acc.touch(ctx, view, parent, child)
+    accounting.touch(ctx, view, parent, child)
 
 
 def child_activated(ctx: EventContext, view: LedgerView) -> None:
@@ -203,19 +203,19 @@ def child_activated(ctx: EventContext, view: LedgerView) -> None:
     child = _child(view, parent, event["child_id"])
     state = child["state"]
     if state in model.SETTLED_STATES or state in model.PENDING_STATES:
-        raise Reject(r.DISPATCH_FENCED, f"child {child['child_id']!r} is {state}")
+        raise Reject(results.DISPATCH_FENCED, f"child {child['child_id']!r} is {state}")
     _check_attempt(ctx, parent, child, event["attempt_id"])
     if state == model.CANCEL_REQUESTED and not child["activated"]:
-        raise Reject(r.DISPATCH_FENCED, "cancel was requested before activation")
+        raise Reject(results.DISPATCH_FENCED, "cancel was requested before activation")
     if child["activated"]:
-        raise Reject(r.INVALID_TRANSITION, f"child {child['child_id']!r} is already activated")
+        raise Reject(results.INVALID_TRANSITION, f"child {child['child_id']!r} is already activated")
     if event["lease_generation"] < child["lease_generation"]:
-        raise Reject(r.STALE_LEASE_GENERATION,
+        raise Reject(results.STALE_LEASE_GENERATION,
                      f"lease generation {event['lease_generation']} superseded by {child['lease_generation']}")
     child["activated"] = True
     child["lease_generation"] = event["lease_generation"]
     _start_lease(ctx, view, parent, child, event["lease_ttl_ms"])
-    acc.set_state(ctx, view, parent, child, model.ACTIVATED, "dispatch confirmed")
+    accounting.set_state(ctx, view, parent, child, model.ACTIVATED, "dispatch confirmed")
 
 
 def _start_lease(ctx: EventContext, view: LedgerView, parent: dict, child: dict, lease_ttl_ms: int) -> None:
@@ -231,20 +231,20 @@ def lease_renewed(ctx: EventContext, view: LedgerView) -> None:
     _check_attempt(ctx, parent, child, event["attempt_id"])
     state = child["state"]
     if state in model.SETTLED_STATES:
-        raise Reject(r.ALREADY_SETTLED, f"child {child['child_id']!r} is {state}")
+        raise Reject(results.ALREADY_SETTLED, f"child {child['child_id']!r} is {state}")
     if state in model.PENDING_STATES:
-        raise Reject(r.INVALID_TRANSITION, f"the lease already ended: child is {state}")
+        raise Reject(results.INVALID_TRANSITION, f"the lease already ended: child is {state}")
     if not child["activated"]:
-        raise Reject(r.INVALID_TRANSITION, "child was never activated: there is no lease to renew")
+        raise Reject(results.INVALID_TRANSITION, "child was never activated: there is no lease to renew")
     generation = event["lease_generation"]
     if generation < child["lease_generation"]:
-        raise Reject(r.STALE_LEASE_GENERATION,
+        raise Reject(results.STALE_LEASE_GENERATION,
                      f"lease generation {generation} superseded by {child['lease_generation']}")
     note = "lease renewed" if generation == child["lease_generation"] else f"new lease generation {generation}"
     child["lease_generation"] = generation
     _start_lease(ctx, view, parent, child, event["lease_ttl_ms"])
     ctx.audit(parent["parent_id"], child, state, state, note)
-    acc.touch(ctx, view, parent, child)
+    accounting.touch(ctx, view, parent, child)
 
 
 def reservation_transferred(ctx: EventContext, view: LedgerView) -> None:
@@ -253,14 +253,14 @@ def reservation_transferred(ctx: EventContext, view: LedgerView) -> None:
     child = _child(view, parent, event["child_id"])
     _check_attempt(ctx, parent, child, event["from_attempt_id"])
     if child["state"] in model.SETTLED_STATES:
-        raise Reject(r.ALREADY_SETTLED, f"child {child['child_id']!r} is {child['state']}")
+        raise Reject(results.ALREADY_SETTLED, f"child {child['child_id']!r} is {child['state']}")
     if child["state"] != model.RESERVED or child["activated"]:
-        raise Reject(r.INVALID_TRANSITION, f"only a never-activated reserved child can be transferred "
+        raise Reject(results.INVALID_TRANSITION, f"only a never-activated reserved child can be transferred "
                                            f"(child is {child['state']})")
     child["attempt_id"] = event["to_attempt_id"]
     ctx.audit(parent["parent_id"], child, model.RESERVED, model.RESERVED,
               f"reservation transferred from attempt {event['from_attempt_id']}")
-    acc.touch(ctx, view, parent, child)
+    accounting.touch(ctx, view, parent, child)
 
 
 # -- outcomes -------------------------------------------------------------------------------------------
@@ -270,20 +270,20 @@ def usage_reported(ctx: EventContext, view: LedgerView) -> None:
     event = ctx.event
     parent, child = _report_target(ctx, view)
     if event["usage_report_id"] in child["usage_report_ids"]:
-        raise Reject(r.DUPLICATE_USAGE_REPORT, f"usage report {event['usage_report_id']!r} was already counted")
+        raise Reject(results.DUPLICATE_USAGE_REPORT, f"usage report {event['usage_report_id']!r} was already counted")
     _adopt_report(ctx, view, parent, child, proves_execution=True)
     child["usage_report_ids"].append(event["usage_report_id"])
-    acc.commit_usage(ctx, view, parent, child, event["usage"])
+    accounting.commit_usage(ctx, view, parent, child, event["usage"])
     if event["final"]:
-        acc.settle(ctx, view, parent, child, None, "final_usage")
+        accounting.settle(ctx, view, parent, child, None, "final_usage")
     elif child["state"] == model.ACTIVATED:
-        acc.set_state(ctx, view, parent, child, model.PARTIALLY_CONSUMED, "usage reported")
+        accounting.set_state(ctx, view, parent, child, model.PARTIALLY_CONSUMED, "usage reported")
 
 
 def child_completed(ctx: EventContext, view: LedgerView) -> None:
     parent, child = _report_target(ctx, view)
     _adopt_report(ctx, view, parent, child, proves_execution=True)
-    acc.settle(ctx, view, parent, child, ctx.event["usage"], "completed")
+    accounting.settle(ctx, view, parent, child, ctx.event["usage"], "completed")
 
 
 def _settle_outcome(ctx: EventContext, view: LedgerView, parent: dict, child: dict, usage: dict | None,
@@ -294,13 +294,13 @@ def _settle_outcome(ctx: EventContext, view: LedgerView, parent: dict, child: di
     # counts as activated, a later "never started" can no longer release it.
     _adopt_report(ctx, view, parent, child, proves_execution=event.get("activated", False) or _positive(usage))
     if usage is None:
-        acc.to_reconciliation(ctx, view, parent, child, f"{reason}: usage uncertain {note}".rstrip())
+        accounting.to_reconciliation(ctx, view, parent, child, f"{reason}: usage uncertain {note}".rstrip())
         return
     retry_attempt_id = event.get("retry_attempt_id")
     if retry_attempt_id and parent["status"] == model.PARENT_OPEN:
-        acc.hand_to_retry(ctx, view, parent, child, usage, retry_attempt_id)
+        accounting.hand_to_retry(ctx, view, parent, child, usage, retry_attempt_id)
     else:
-        acc.settle(ctx, view, parent, child, usage, reason, note)
+        accounting.settle(ctx, view, parent, child, usage, reason, note)
 
 
 def cancel_requested(ctx: EventContext, view: LedgerView) -> None:
@@ -310,14 +310,14 @@ def cancel_requested(ctx: EventContext, view: LedgerView) -> None:
     _check_attempt(ctx, parent, child, event["attempt_id"])
     state = child["state"]
     if state in model.SETTLED_STATES:
-        raise Reject(r.ALREADY_SETTLED, f"child {child['child_id']!r} is {state}")
+        raise Reject(results.ALREADY_SETTLED, f"child {child['child_id']!r} is {state}")
     if state in model.PENDING_STATES:
-        raise Reject(r.INVALID_TRANSITION, f"child is in reconciliation ({state}): nothing to cancel")
+        raise Reject(results.INVALID_TRANSITION, f"child is in reconciliation ({state}): nothing to cancel")
     if state == model.CANCEL_REQUESTED:
         ctx.audit(parent["parent_id"], child, state, state, f"cancel requested again: {event['reason']}")
-        acc.touch(ctx, view, parent, child)
+        accounting.touch(ctx, view, parent, child)
         return
-    acc.set_state(ctx, view, parent, child, model.CANCEL_REQUESTED, f"cancel requested: {event['reason']}")
+    accounting.set_state(ctx, view, parent, child, model.CANCEL_REQUESTED, f"cancel requested: {event['reason']}")
 
 
 def cancel_acknowledged(ctx: EventContext, view: LedgerView) -> None:
@@ -333,7 +333,7 @@ def child_failed(ctx: EventContext, view: LedgerView) -> None:
         # The executor says it never started, but the ledger granted the dispatch: a lost worker does not
         # prove that nothing was consumed.
         _adopt_report(ctx, view, parent, child, proves_execution=False)
-        acc.to_reconciliation(ctx, view, parent, child,
+        accounting.to_reconciliation(ctx, view, parent, child,
                               "failure reported as before activation, but the ledger shows an activation")
         return
     _settle_outcome(ctx, view, parent, child, _known_usage(event), "failed", event["reason"])
@@ -352,10 +352,10 @@ def reconciliation_resolved(ctx: EventContext, view: LedgerView) -> None:
     _check_dimensions(parent, event["usage"], "usage")
     _check_attempt(ctx, parent, child, event["attempt_id"])
     if child["state"] in model.SETTLED_STATES:
-        raise Reject(r.ALREADY_SETTLED, f"child {child['child_id']!r} is {child['state']}")
+        raise Reject(results.ALREADY_SETTLED, f"child {child['child_id']!r} is {child['state']}")
     if child["state"] not in model.PENDING_STATES:
-        raise Reject(r.INVALID_TRANSITION, f"child is {child['state']}, not in reconciliation")
-    acc.settle(ctx, view, parent, child, event["usage"], "reconciliation_resolved", event["resolution"])
+        raise Reject(results.INVALID_TRANSITION, f"child is {child['state']}, not in reconciliation")
+    accounting.settle(ctx, view, parent, child, event["usage"], "reconciliation_resolved", event["resolution"])
 
 
 def usage_adjustment(ctx: EventContext, view: LedgerView) -> None:
@@ -365,9 +365,9 @@ def usage_adjustment(ctx: EventContext, view: LedgerView) -> None:
     _check_dimensions(parent, event["usage"], "usage")
     _check_attempt(ctx, parent, child, event["attempt_id"])
     if child["state"] not in model.SETTLED_STATES:
-        raise Reject(r.INVALID_TRANSITION, f"child is {child['state']}: adjust only after settlement, "
+        raise Reject(results.INVALID_TRANSITION, f"child is {child['state']}: adjust only after settlement, "
                                            "report usage before it")
-    acc.commit_usage(ctx, view, parent, child, event["usage"])
+    accounting.commit_usage(ctx, view, parent, child, event["usage"])
 
 
 def scheduler_release_confirmed(ctx: EventContext, view: LedgerView) -> None:
@@ -378,16 +378,16 @@ def scheduler_release_confirmed(ctx: EventContext, view: LedgerView) -> None:
     dim = event["dimension"]
     quantity = child["awaiting"].get(dim)
     if quantity is None:
-        raise Reject(r.INVALID_TRANSITION, f"nothing of {dim!r} awaits scheduler confirmation for this child")
+        raise Reject(results.INVALID_TRANSITION, f"nothing of {dim!r} awaits scheduler confirmation for this child")
     del child["awaiting"][dim]
-    where, target = acc.destination(parent)
+    where, target = accounting.destination(parent)
     balance = parent["dimensions"][dim]
     balance["awaiting_confirmation"] -= quantity
     balance[target] += quantity
     child["awaiting_destination"][dim] = where
     ctx.release(parent, child, dim, quantity, where, "scheduler_confirmed")
-    acc.touch(ctx, view, parent, child)
-    acc.finish_parent_if_done(ctx, view, parent)
+    accounting.touch(ctx, view, parent, child)
+    accounting.finish_parent_if_done(ctx, view, parent)
 
 
 def speculative_winner(ctx: EventContext, view: LedgerView) -> None:
@@ -399,14 +399,14 @@ def speculative_winner(ctx: EventContext, view: LedgerView) -> None:
     branch = [c for c in branch if c["branch_id"] == branch_id]
     winners = [c for c in branch if c["attempt_id"] == winner_id]
     if not winners:
-        raise Reject(r.UNKNOWN_CHILD, f"no child of branch {branch_id!r} is held by attempt {winner_id!r}")
+        raise Reject(results.UNKNOWN_CHILD, f"no child of branch {branch_id!r} is held by attempt {winner_id!r}")
     if any(c["state"] == model.STRANDED for c in winners):
         # SPEC §5: a stranded child takes no event but an operator's resolution; a winner whose outcome is
         # unknown must not have its live siblings cancelled either.
-        raise Reject(r.INVALID_TRANSITION, f"the winning attempt {winner_id!r} holds a stranded child")
+        raise Reject(results.INVALID_TRANSITION, f"the winning attempt {winner_id!r} holds a stranded child")
     named = parent["winners"].get(branch_id)
     if named is not None and named != winner_id:
-        raise Reject(r.INVALID_TRANSITION, f"branch {branch_id!r} already has winner {named!r}")
+        raise Reject(results.INVALID_TRANSITION, f"branch {branch_id!r} already has winner {named!r}")
     parent["winners"][branch_id] = winner_id
     ctx.audit(parent["parent_id"], None, parent["status"], parent["status"],
               f"speculative winner of branch {branch_id}: {winner_id}")
@@ -415,12 +415,12 @@ def speculative_winner(ctx: EventContext, view: LedgerView) -> None:
             continue
         if not loser["activated"]:
             # Never dispatched, and now fenced: nothing can have run, so all of it returns.
-            acc.release_remainder(ctx, view, parent, loser, "speculative_loser")
-            acc.set_state(ctx, view, parent, loser, model.RELEASED, "speculative loser, never activated")
+            accounting.release_remainder(ctx, view, parent, loser, "speculative_loser")
+            accounting.set_state(ctx, view, parent, loser, model.RELEASED, "speculative loser, never activated")
         elif loser["state"] != model.CANCEL_REQUESTED:
-            acc.set_state(ctx, view, parent, loser, model.CANCEL_REQUESTED, "speculative loser: asked to cancel")
-    acc.touch(ctx, view, parent)
-    acc.finish_parent_if_done(ctx, view, parent)
+            accounting.set_state(ctx, view, parent, loser, model.CANCEL_REQUESTED, "speculative loser: asked to cancel")
+    accounting.touch(ctx, view, parent)
+    accounting.finish_parent_if_done(ctx, view, parent)
 
 
 def child_skipped(ctx: EventContext, view: LedgerView) -> None:
@@ -430,12 +430,12 @@ def child_skipped(ctx: EventContext, view: LedgerView) -> None:
     _check_attempt(ctx, parent, child, event["attempt_id"])
     state = child["state"]
     if state in model.SETTLED_STATES:
-        raise Reject(r.ALREADY_SETTLED, f"child {child['child_id']!r} is {state}")
+        raise Reject(results.ALREADY_SETTLED, f"child {child['child_id']!r} is {state}")
     if child["activated"] or state in model.PENDING_STATES:
-        raise Reject(r.INVALID_TRANSITION, "a skip is only valid before activation; report the outcome instead")
-    acc.release_remainder(ctx, view, parent, child, "skipped")
-    acc.set_state(ctx, view, parent, child, model.RELEASED, f"skipped: {event['reason']}")
-    acc.finish_parent_if_done(ctx, view, parent)
+        raise Reject(results.INVALID_TRANSITION, "a skip is only valid before activation; report the outcome instead")
+    accounting.release_remainder(ctx, view, parent, child, "skipped")
+    accounting.set_state(ctx, view, parent, child, model.RELEASED, f"skipped: {event['reason']}")
+    accounting.finish_parent_if_done(ctx, view, parent)
 
 
 # -- ledger time ----------------------------------------------------------------------------------------
@@ -456,10 +456,10 @@ def fire_timer(ctx: EventContext, view: LedgerView, deadline_ms: int, kind: str,
         return
     if kind == model.TIMER_CHILD_LEASE:
         if child["state"] in model.LIVE_STATES and child["lease_expires_at_ms"] == deadline_ms:
-            acc.to_reconciliation(ctx, view, parent, child, "reconciling after lease expiry", lease_expired=True)
+            accounting.to_reconciliation(ctx, view, parent, child, "reconciling after lease expiry", lease_expired=True)
     elif kind == model.TIMER_RECONCILIATION:
         if child["state"] == model.RECONCILING and child["reconcile_deadline_ms"] == deadline_ms:
-            acc.set_state(ctx, view, parent, child, model.STRANDED,
+            accounting.set_state(ctx, view, parent, child, model.STRANDED,
                           "reconciliation timed out: stranded, held in pending until an operator resolves it")
 
 
@@ -475,7 +475,7 @@ def rebase_timers(ctx: EventContext, view: LedgerView, now_ms: int) -> None:
         record[field] = deadline_ms + now_ms
         view.add_timer(deadline_ms + now_ms, kind, parent_id, child_id)
         parent = view.parent(parent_id)
-        acc.touch(ctx, view, parent, None if kind == model.TIMER_PARENT_LEASE else record)
+        accounting.touch(ctx, view, parent, None if kind == model.TIMER_PARENT_LEASE else record)
 
 
 _FOREVER_MS = 2**63 - 1
