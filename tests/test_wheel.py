@@ -1,0 +1,61 @@
+"""The wheel installs one namespace, branch_settlement, and nothing generic: a user's own `schemas`,
+`processors` or `projections` package beside it breaks nothing. Builds the wheel from this checkout (pip fetches
+the build backend), installs it into a folder of its own and runs `settle` from there, away from the repository."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(REPO)],
+                   check=True, capture_output=True, text=True)
+    [built] = out.glob("branch_settlement-*.whl")
+    return built
+
+
+def test_the_wheel_holds_one_namespace_with_its_schemas(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"branch_settlement", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
+    assert "branch_settlement/schemas/ChildFailed.avsc" in names
+    assert "branch_settlement/schemas/history/ChildFailed.v1.avsc" in names
+    assert "branch_settlement/processors/ledger/fold.py" in names
+
+
+def test_a_users_own_schemas_package_does_not_shadow_it(wheel: Path, tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True, text=True)
+    user = tmp_path / "user"
+    for generic in ("schemas", "processors", "projections"):
+        (user / generic).mkdir(parents=True)
+        (user / generic / "__init__.py").write_text("raise ImportError('the user\\'s own package was imported')\n")
+    events = tmp_path / "events.jsonl"
+    events.write_text('{"type": "Tick", "event_id": "t", "idempotency_key": "tick/0/5", "parent_id": "", '
+                      '"occurred_at_ms": 0, "now_ms": 5}\n')
+    # the user's folder first, then the installed wheel, then the dependencies (this interpreter's site-packages)
+    path = os.pathsep.join([str(user), str(target), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    # -I -S: no environment, no site (so not the checkout's editable install either): only these folders
+    done = subprocess.run([sys.executable, "-I", "-S", "-c",
+                           "import sys; sys.path[:0] = sys.argv[1].split(sys.argv[2]); "
+                           "import branch_settlement; print(branch_settlement.__file__, file=sys.stderr); "
+                           "from branch_settlement.processors.cli.main import main; "
+                           "sys.exit(main(['replay', '--json', sys.argv[3]]))", path, os.pathsep, str(events)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith(str(target)), done.stderr
+    assert '"result": "ok"' in done.stdout
