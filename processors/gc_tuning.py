@@ -2,7 +2,7 @@
 
 The processor and the replays hold many long-lived objects (the ledger's decoded records, a replay's derived
 outputs), and the collector's oldest generation rescans all of them whenever enough new objects survive:
-folding the seeded workload with the default settings spent ~10% of its time there, in pauses of up to 70 ms
+folding the seeded workload with the default settings spent a tenth of its time there, in long pauses
 (measured with gc.callbacks: docs/benchmarks.md). None of those objects form reference cycles (plain dicts,
 lists and strings, freed by reference counting as the cache evicts them), so after each checkpoint
 everything alive is moved out of the collector's sight (`gc.freeze`): later collections scan only what was

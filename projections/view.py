@@ -45,10 +45,9 @@ META_RECORD = "PartitionMeta"
 DEFAULT_CACHE_BYTES = 96 * 1024 * 1024
 
 # Bytes of memory per encoded byte, by record kind (the key's first byte), measured with tracemalloc on decoded
-# records of the benchmark's workloads: a parent 13.5-15 (its children's ids are many small strings), a child
-# 10.4, an idempotency record 3.7. Plus what any cached entry costs beyond its record: its key, its slots in
-# the cache and the size table, the allocator's slack. Calibrated on RSS: 812k cached records of the ledger
-# fill (children and their idempotency records) took 787 MB, 0.97 KB each, estimated at 0.94.
+# records of the benchmark's workloads (a parent weighs most: its children's ids are many small strings). Plus
+# what any cached entry costs beyond its record: its key, its slots in the cache and the size table, the
+# allocator's slack. Calibrated on RSS; the figures are in docs/benchmarks.md ("What a cached record costs").
 _BYTES_PER_ENCODED_BYTE = {keys.PARENT[0]: 16, keys.CHILD[0]: 11, keys.IDEMPOTENCY[0]: 4}
 _ENTRY_BYTES = 400
 # A record put before it was ever encoded (a new child): estimated at the next checkpoint, which encodes it.

@@ -70,7 +70,7 @@ def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[i
     transaction in the abortable error state, which sending the offsets or committing reports
     (rd_kafka_commit_transaction: "if any of the outstanding messages fail permanently the current transaction
     will enter the abortable error state and this function will return an abortable error"). A report per
-    record cost ~1 us of Python each, 3.4 records per event."""
+    record cost Python time on every record (docs/benchmarks.md, the checkpoint)."""
     changelog = topics["ledger-changelog"]
     for task in tasks:
         p = task.partition

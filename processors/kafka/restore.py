@@ -28,9 +28,9 @@ BATCH_RECORDS = 10_000
 # changelog partition, which every restore (every assignment) reaches. Short, as the topic replay's.
 IDLE_WAIT_S = 0.05
 # The broker holds a fetch up to fetch.wait.max.ms when a partition has nothing new, i.e. at every changelog
-# partition's end: 10 ms, not librdkafka's 500. The fetch sizes keep librdkafka's defaults (1 MB per
-# partition): 4 MB fetches restored 1M children 1.4x faster but peaked at 425 MB instead of 293, 8 MB ones
-# 2x faster at 773 MB (bench/run.py, docs/benchmarks.md): too close to, or past, the 500 MB the processor keeps to.
+# partition's end: short, not librdkafka's 500 ms. The fetch sizes keep librdkafka's defaults: larger fetches
+# restore faster, but librdkafka holds what it fetched ahead outside the process's memory budget, and the
+# faster sizes measured came too close to, or past, the memory the processor keeps to (docs/decisions.md, 13).
 RESTORE_FETCH_WAIT_MS = 10
 RESTORE_TIMEOUT_S = 600.0
 WATERMARK_TIMEOUT_S = 10.0
