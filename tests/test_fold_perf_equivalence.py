@@ -1,6 +1,6 @@
 """The fast paths of the fold's hot loop give exactly what the plain paths gave.
 
-- `Codec.encode` writes records with compiled writers (schemas/codec.py) and leaves to fastavro anything that is
+- `Codec.encode` writes records with compiled writers (schemas/codegen.py) and leaves to fastavro anything that is
   not a plain value: whatever a record holds, its bytes (or its CodecError) must be fastavro's.
 """
 
@@ -347,15 +347,15 @@ def test_the_fast_checks_take_every_plain_event_of_a_realistic_workload(codec):
 
 
 def test_the_encoding_caches_stay_bounded(codec):
-    from branch_settlement.schemas import codec as codec_module
+    from branch_settlement.schemas import codegen
 
     letter = {"source_topic": "t", "partition": 0, "offset": 1, "original": b"x" * 10_000, "reason": "r" * 5000,
               "line": 7, "event_id": None}
     fast = codec.encode("DeadLetter", letter)
     assert fast == fastavro_bytes(codec, "DeadLetter", letter)
-    assert "r" * 5000 not in codec_module._string_cache  # long strings are encoded, not kept
-    for index in range(codec_module._STRING_CACHE_MAX + 10):
+    assert "r" * 5000 not in codegen._string_cache  # long strings are encoded, not kept
+    for index in range(codegen._STRING_CACHE_MAX + 10):
         codec.encode("TimerRecord", {"kind": "child_lease", "deadline_ms": index, "parent_id": f"p{index}",
                                      "child_id": ""})
-    assert len(codec_module._string_cache) <= codec_module._STRING_CACHE_MAX
-    assert len(codec_module._long_cache) <= codec_module._LONG_CACHE_MAX
+    assert len(codegen._string_cache) <= codegen._STRING_CACHE_MAX
+    assert len(codegen._long_cache) <= codegen._LONG_CACHE_MAX
