@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from branch_settlement.processors.crosscheck import topic_replay as tr
+from branch_settlement.processors.crosscheck.diff import compare_partition, encode_derived, same_bytes
+from branch_settlement.processors.crosscheck.report import PartitionOutcome
+from branch_settlement.processors.crosscheck.topic_replay import _Output
+from branch_settlement.processors.ledger.outputs import OUTPUT_TOPICS
 from branch_settlement.processors.replay.replayer import _single_threaded, read_events, read_events_aside, replay
 from branch_settlement.processors.workload import Generator
 from branch_settlement.schemas.codec import default_codec
@@ -126,7 +129,7 @@ def test_bytes_match_in_order_or_with_kinds_interleaved_as_checkpoints_cut_them(
     for order in ([("CapacityReleased", releases[0]), ("CapacityReleased", releases[1]), ("ParentSettled", settled[0]),
                    ("CapacityReleased", releases[2]), ("ParentSettled", settled[1])],
                   [*(("CapacityReleased", r) for r in releases), *(("ParentSettled", s) for s in settled)]):
-        assert tr._same_bytes(derived, _published(order))
+        assert same_bytes(derived, _published(order))
 
 
 @pytest.mark.parametrize("change", ["altered", "removed", "injected", "reordered"])
@@ -141,22 +144,22 @@ def test_anything_else_goes_to_the_record_by_record_comparison(change: str, fold
         order.insert(2, order[2])
     else:
         order[0], order[1] = order[1], order[0]
-    assert not tr._same_bytes(derived, _published(order))
+    assert not same_bytes(derived, _published(order))
 
 
 def test_byte_comparison_and_record_comparison_agree_on_a_partition(folded) -> None:
-    """_compare_partition counts the same comparisons whichever path it takes, and pinpoints a change."""
+    """compare_partition counts the same comparisons whichever path it takes, and pinpoints a change."""
     codec = default_codec()
     result = folded
-    names = {t: f"x.{t}" for t in ("branch-events", *tr.OUTPUT_TOPICS)}
+    names = {t: f"x.{t}" for t in ("branch-events", *OUTPUT_TOPICS)}
     published = {"settlement-results": _published([("SettlementResult", r) for r in result.outputs.results]),
                  "capacity-releases": _published([("CapacityReleased", r) for r in result.outputs.releases] +
                                                  [("ParentSettled", r) for r in result.outputs.settled]),
                  "settlement-audit": _published([("AuditRecord", r) for r in result.outputs.audits]),
                  "branch-events-dlq": []}
-    derived = tr.encode_derived(result.outputs, codec)
-    clean = tr._Partition()
-    tr._compare_partition(0, derived, result.dead_letters, published, codec, (0, 2**63 - 1), names, clean)
+    derived = encode_derived(result.outputs, codec)
+    clean = PartitionOutcome()
+    compare_partition(0, derived, result.dead_letters, published, codec, (0, 2**63 - 1), names, clean)
     assert not any(clean.divergences.values())
     expected = len(result.outputs.results) + len(result.outputs.releases) + len(result.outputs.settled) + \
         len(result.outputs.audits)
@@ -164,25 +167,25 @@ def test_byte_comparison_and_record_comparison_agree_on_a_partition(folded) -> N
     offset, value = published["settlement-results"][3]
     kind, record = codec.decode(value)
     published["settlement-results"][3] = (offset, codec.encode(kind, dict(record, result="overdrawn")))
-    tampered = tr._Partition()
-    tr._compare_partition(0, derived, result.dead_letters, published, codec, (0, 2**63 - 1), names, tampered)
+    tampered = PartitionOutcome()
+    compare_partition(0, derived, result.dead_letters, published, codec, (0, 2**63 - 1), names, tampered)
     [divergence] = tampered.divergences["settlement-results"]
     assert (divergence.topic, divergence.offset, divergence.problem) == ("x.settlement-results", 3, "different")
     assert divergence.found == {"result": "overdrawn"}
     assert tampered.compared == expected
-    ranged = tr._Partition()
-    tr._compare_partition(0, derived, result.dead_letters, published, codec, (0, 1), names, ranged)
+    ranged = PartitionOutcome()
+    compare_partition(0, derived, result.dead_letters, published, codec, (0, 1), names, ranged)
     assert ranged.compared == sum(1 for records in (result.outputs.results, result.outputs.releases,
                                                     result.outputs.settled, result.outputs.audits)
                                   for r in records if r["input_offset"] <= 1)
 
 
 def test_an_output_read_ahead_stops_at_the_end_decided_after_the_fold() -> None:
-    out = tr._Output()
+    out = _Output()
     out.records = [(0, b"a"), (1, b"b"), (3, b"c"), (4, b"d")]
     out.set_end(4)  # the fold is done; the last stable offset is now 4
     assert out.records == [(0, b"a"), (1, b"b"), (3, b"c")] and out.done
-    out = tr._Output()
+    out = _Output()
     out.records, out.eof = [(0, b"a")], 2  # an end-of-partition seen at 2 while folding
     out.set_end(5)
     assert not out.done
@@ -193,13 +196,13 @@ def test_an_output_read_ahead_stops_at_the_end_decided_after_the_fold() -> None:
 def test_an_export_file_replays_the_same_in_one_process_or_several(workload_file: Path, tmp_path: Path) -> None:
     """`settle replay EXPORT.avro` with its partitions folded side by side (a fresh process, so forked) prints
     what one process prints, and what folding each partition in turn gives."""
-    from branch_settlement.processors.replay import partitioned
+    from branch_settlement.processors.replay import export_format, partitioned
 
     codec = default_codec()
     items = list(read_events(workload_file, codec))
     export = tmp_path / "export.avro"
-    partitioned.write_export(export, ((n % 3, item, b"raw") for n, item in enumerate(items)), codec)
-    folded = partitioned.replay_partitions(partitioned.read_export(export, codec), codec)
+    export_format.write_export(export, ((n % 3, item, b"raw") for n, item in enumerate(items)), codec)
+    folded = partitioned.replay_partitions(export_format.read_export(export, codec), codec)
     expected = json.dumps(partitioned.merged_document(folded, codec), indent=2, ensure_ascii=False) + "\n"
     outputs = {}
     for jobs in ("1", "3"):

@@ -33,7 +33,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from bench.suite.env import OUTPUT_TOPICS, RESULTS, TopicSet
-from branch_settlement.processors.crosscheck.topic_replay import read_committed
+from branch_settlement.processors.crosscheck.readers import read_committed
 
 log = logging.getLogger("bench.passthrough")
 CONSUME_BATCH = 500  # processors/kafka/processor.py

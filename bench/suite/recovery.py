@@ -25,8 +25,9 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from branch_settlement.processors.kafka.restore import restore
-from branch_settlement.processors.crosscheck.topic_replay import (BATCH, IDLE_WAIT_S, OUTPUT_TOPICS, READER_SETTINGS,
-                                                                  audit_replay, know_leaders)
+from branch_settlement.processors.crosscheck.readers import BATCH, IDLE_WAIT_S, READER_SETTINGS, know_leaders
+from branch_settlement.processors.crosscheck.topic_replay import audit_replay
+from branch_settlement.processors.ledger.outputs import OUTPUT_TOPICS
 from branch_settlement.processors.replay.replayer import read_events
 from branch_settlement.processors.replay.sharded import replay_file
 from branch_settlement.processors.crosscheck.live_ledgers import live_projections
@@ -70,7 +71,7 @@ def raw_consume(config: dict, topics: list[str], partitions: int) -> dict[str, i
     of anything that has to read these topics in one process. Returns the record count per topic."""
     consumer = Consumer({**config, "group.id": "bench-raw-consume", **READER_SETTINGS})
     try:
-        know_leaders(consumer, topics)  # as the replays do (otherwise 500 ms lost per topic)
+        know_leaders(consumer, topics)  # as the replays do (know_leaders says why)
         pending = {(topic, p) for topic in topics for p in range(partitions)}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for topic, p in pending])
         counts = dict.fromkeys(topics, 0)

@@ -12,7 +12,7 @@ from bench.suite.backlog import HeldLoad, Record
 from bench.suite.env import INPUT, Env, TopicSet
 from bench.suite.procs import Procs, wait_assigned
 from bench.suite.progress import CommittedPoller, Throughput
-from branch_settlement.processors.crosscheck.topic_replay import read_committed
+from branch_settlement.processors.crosscheck.readers import read_committed
 
 RUN_TIMEOUT_S = 900.0
 

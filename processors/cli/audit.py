@@ -105,28 +105,28 @@ def run_audit(args: argparse.Namespace) -> int:
 def _inputs(args: argparse.Namespace, codec):
     """(partition, inputs of that partition, source name) for the parent: a plain file is one partition; a
     topic or an export file holds several, and the parent's events are in exactly one of them."""
-    from branch_settlement.processors.replay import partitioned
+    from branch_settlement.processors.replay import export_format
     from branch_settlement.processors.replay.replayer import read_events
 
     if args.file:
         if not os.path.isfile(args.file):
             raise SettlementError(f"no such file: {args.file}")
-        if not partitioned.is_export(args.file):
+        if not export_format.is_export(args.file):
             return args.partition or 0, read_events(args.file, codec), os.path.basename(args.file)
-        by_partition = partitioned.read_export(args.file, codec)
+        by_partition = export_format.read_export(args.file, codec)
         source = os.path.basename(args.file)
     else:
         from branch_settlement.processors.kafka import connection
-        from branch_settlement.processors.crosscheck import topic_replay as tr
+        from branch_settlement.processors.crosscheck import readers
         from branch_settlement.processors.cli.kafka_commands import topic_names
 
         if args.topic != "branch-events":
             raise SettlementError("--topic: only the input topic, branch-events, holds a parent's history")
         topic = topic_names(args.topic_prefix)["branch-events"]
         client = connection.config_from_args(args)
-        partitions = [args.partition] if args.partition is not None else tr.partitions_of(client, topic)
+        partitions = [args.partition] if args.partition is not None else readers.partitions_of(client, topic)
         by_partition = {p: [item for item, _ in recs]
-                        for p, recs in tr.read_inputs(client, topic, partitions, codec).items()}
+                        for p, recs in readers.read_inputs(client, topic, partitions, codec).items()}
         source = topic
     for partition, items in by_partition.items():
         if any(item.event is not None and item.event["parent_id"] == args.parent_id for item in items):

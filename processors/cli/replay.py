@@ -104,7 +104,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def _replay_file(args: argparse.Namespace) -> int:
-    from branch_settlement.processors.replay import partitioned
+    from branch_settlement.processors.replay import export_format, partitioned
     from branch_settlement.processors.replay import replayer as rp
     from branch_settlement.processors.replay import sharded
     from branch_settlement.processors.replay.report import print_summary
@@ -114,7 +114,7 @@ def _replay_file(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.file):
         raise SettlementError(f"no such file: {args.file}")
     codec = default_codec()
-    if partitioned.is_export(args.file):
+    if export_format.is_export(args.file):
         # partitions folded side by side (one process per core); each sends back its part of the output
         if args.json:
             parts = partitioned.replay_export(args.file, codec, lambda p, result, store:
@@ -182,7 +182,7 @@ def _names(args: argparse.Namespace) -> dict[str, str]:
 
 def _replay_topic(args: argparse.Namespace) -> int:
     from branch_settlement.processors.kafka import connection
-    from branch_settlement.processors.crosscheck import topic_replay as tr
+    from branch_settlement.processors.crosscheck import readers, topic_replay
     from branch_settlement.processors.crosscheck.live_ledgers import live_projections
     from branch_settlement.schemas.codec import default_codec
 
@@ -191,17 +191,17 @@ def _replay_topic(args: argparse.Namespace) -> int:
     codec = default_codec()
     partitions = _partitions(args.partitions)
     if partitions is None:
-        partitions = tr.partitions_of(client, names["branch-events"])
+        partitions = readers.partitions_of(client, names["branch-events"])
     low, high = args.from_offset, args.to_offset
     if args.from_time or args.to_time:
         if len(partitions) != 1:
             raise SettlementError("--from-time/--to-time select offsets of one partition: give --partitions P")
         if args.from_time:
-            low = tr.offsets_for_time(client, names["branch-events"], partitions, _time_ms(args.from_time))[partitions[0]]
+            low = readers.offsets_for_time(client, names["branch-events"], partitions, _time_ms(args.from_time))[partitions[0]]
         if args.to_time:
-            high = tr.offsets_for_time(client, names["branch-events"], partitions, _time_ms(args.to_time))[partitions[0]] - 1
+            high = readers.offsets_for_time(client, names["branch-events"], partitions, _time_ms(args.to_time))[partitions[0]] - 1
     live = live_projections(args.state_dir, args.group_id) if args.state_dir else None
-    report = tr.audit_replay(client, names, codec, partitions=partitions, offset_range=(low, high),
+    report = topic_replay.audit_replay(client, names, codec, partitions=partitions, offset_range=(low, high),
                              live_ledgers=live, jobs=args.jobs, keep_folded=args.json)
     if args.json:
         _print_partitioned(report.folded, codec, True)
@@ -222,19 +222,19 @@ def _replay_topic(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from branch_settlement.processors.replay import partitioned
+    from branch_settlement.processors.crosscheck import readers
     from branch_settlement.processors.kafka import connection
-    from branch_settlement.processors.crosscheck import topic_replay as tr
+    from branch_settlement.processors.replay import export_format
     from branch_settlement.schemas.codec import default_codec
 
     names = _names(args)
     client = connection.config_from_args(args)
     codec = default_codec()
     topic = names["branch-events"]
-    partitions = _partitions(args.partitions) or tr.partitions_of(client, topic)
-    raw = tr.read_committed(client, topic, partitions)
-    records = (partitioned.decode_record(codec, p, offset, value) for p, recs in raw.items()
+    partitions = _partitions(args.partitions) or readers.partitions_of(client, topic)
+    raw = readers.read_committed(client, topic, partitions)
+    records = (export_format.decode_record(codec, p, offset, value) for p, recs in raw.items()
                for offset, _, value in recs)
-    count = partitioned.write_export(args.output, records, codec)
+    count = export_format.write_export(args.output, records, codec)
     print(f"exported {count:,} records of {topic} partitions {','.join(map(str, partitions))} to {args.output}")
     return 0

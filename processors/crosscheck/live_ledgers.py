@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
-from branch_settlement.processors.kafka.partition import stored_partitions
+from dataclasses import dataclass
+
+from branch_settlement.processors.kafka.partition import store_path, stored_partitions
 from branch_settlement.processors.replay.replayer import ledger_snapshot
-from branch_settlement.projections.store import RocksStore
+from branch_settlement.projections.store import RocksStore, Store
 from branch_settlement.schemas.codec import default_codec
 
 
-def live_projections(state_dir: str, group_id: str):
+@dataclass
+class LiveProjections:
+    """The live projections of a processor's state directory (kafka/partition.py's layout), opened
+    read-only by whichever process replays partition N."""
+
+    state_dir: str
+    group_id: str
+
+    def open(self, partition: int) -> Store | None:
+        path = store_path(self.state_dir, self.group_id, partition)
+        return RocksStore(path, read_only=True) if path.exists() else None
+
+
+def live_projections(state_dir: str, group_id: str) -> LiveProjections:
     """The processor's projections, for `audit_replay(live_ledgers=...)`: each replay process opens the
     partitions it replays (read-only) and compares record bytes before decoding any."""
-    from branch_settlement.processors.crosscheck.topic_replay import LiveProjections
-
     stored_partitions(state_dir, group_id)  # fails at once when there are none
     return LiveProjections(state_dir, group_id)
 

@@ -1,107 +1,21 @@
 """Inputs of several partitions, kept apart: each partition has its own ledger and ledger time, so a
-multi-partition replay folds each partition on its own, exactly as the processor does.
-
-Also the export file format: an Avro object container whose records are `ExportedRecord` (partition,
-offset, the event or, for a record that could not be decoded, its raw bytes and the reason). Any Avro
-library reads it; `settle replay FILE.avro` folds it partition by partition.
-"""
+multi-partition replay folds each partition on its own, exactly as the processor does (an export file's
+partitions, see export_format, side by side in worker processes)."""
 
 from __future__ import annotations
 
 import gc
-import os
-import pickle
 from typing import Callable, Iterable, Iterator, TypeVar
 
-import fastavro
-
-from branch_settlement.processors.replay.replayer import (Input, ReplayResult, _single_threaded, ledger_snapshot,
-                                                          replay, replay_document)
+from branch_settlement.processors.replay.export_format import export_input, read_export_rows
+from branch_settlement.processors.replay.replayer import Input, ReplayResult, _single_threaded, replay, replay_document
 from branch_settlement.processors.replay.errors import ReplayError
+from branch_settlement.processors.replay.workers import (_cores, gather_workers, send_outcome, start_workers,
+                                                         stop_workers)
 from branch_settlement.projections.store import MemoryStore, Store
-from branch_settlement.schemas import EVENT_TYPES
-from branch_settlement.schemas.codec import Codec, CodecError
+from branch_settlement.schemas.codec import Codec
 
-EXPORT_RECORD = "io.branchsettlement.export.ExportedRecord"
 T = TypeVar("T")
-
-
-def export_schema(codec: Codec) -> dict:
-    events = [codec.version(name).parsed for name in EVENT_TYPES]
-    return fastavro.parse_schema({
-        "type": "record", "name": EXPORT_RECORD,
-        "doc": "One input record of branch-events: its position, and the event or why it is not one.",
-        "fields": [
-            {"name": "partition", "type": "int"},
-            {"name": "offset", "type": "long"},
-            {"name": "event", "type": ["null", *events], "default": None},
-            {"name": "raw", "type": ["null", "bytes"], "default": None},
-            {"name": "reason", "type": "string", "default": ""},
-        ],
-    })
-
-
-def decode_record(codec: Codec, partition: int, offset: int, value: bytes | None) -> tuple[int, Input, bytes | None]:
-    """An input record of the topic as the processor sees it: an event, or a dead letter with the reason."""
-    try:
-        return partition, Input(offset, codec.decode_event(value or b"")), value
-    except CodecError as exc:
-        return partition, Input(offset, None, str(exc)), value
-
-
-def write_export(path, records: Iterable[tuple[int, Input, bytes | None]], codec: Codec) -> int:
-    """Write (partition, input, raw bytes) records to an Avro container; return how many."""
-    schema = export_schema(codec)
-    count = 0
-
-    def rows() -> Iterator[dict]:
-        nonlocal count
-        for partition, item, raw in records:
-            count += 1
-            if item.event is not None:
-                event = {k: v for k, v in item.event.items() if k != "type"}
-                yield {"partition": partition, "offset": item.offset,
-                       "event": (f"io.branchsettlement.events.{item.event['type']}", event), "raw": None,
-                       "reason": ""}
-            else:
-                yield {"partition": partition, "offset": item.offset, "event": None, "raw": raw or b"",
-                       "reason": item.reason}
-
-    with open(path, "wb") as out:
-        fastavro.writer(out, schema, rows(), codec="deflate")
-    return count
-
-
-def is_export(path) -> bool:
-    with open(path, "rb") as f:
-        try:
-            reader = fastavro.reader(f)
-        except ValueError:
-            return False
-        schema = reader.writer_schema
-        return isinstance(schema, dict) and schema.get("name") == EXPORT_RECORD
-
-
-def read_export(path, codec: Codec) -> dict[int, list[Input]]:
-    """Inputs of an export file, per partition, in offset order."""
-    return {p: [export_input(row, codec) for row in rows] for p, rows in read_export_rows(path).items()}
-
-
-def read_export_rows(path) -> dict[int, list[dict]]:
-    """The rows of an export file as Avro decoded them, per partition, in offset order (`export_input`
-    makes each an Input)."""
-    by_partition: dict[int, list[dict]] = {}
-    with open(path, "rb") as f:
-        for row in fastavro.reader(f, return_record_name=True):
-            by_partition.setdefault(row["partition"], []).append(row)
-    return dict(sorted(by_partition.items()))
-
-
-def export_input(row: dict, codec: Codec) -> Input:
-    if row["event"] is not None:
-        name, fields = row["event"]
-        return Input(row["offset"], codec.event_from_json({"type": name.rsplit(".", 1)[1], **fields}))
-    return Input(row["offset"], None, row["reason"])
 
 
 def replay_partitions(inputs: dict[int, Iterable[Input]], codec: Codec, store_factory=MemoryStore,
@@ -193,62 +107,3 @@ def replay_export(path, codec: Codec, render: Callable[[int, ReplayResult, Store
         return dict(sorted(done.items()))
     finally:
         stop_workers(workers)
-
-
-def start_workers(workers: list, ctx, target: Callable, args_per_worker: Iterable[tuple]) -> None:
-    """One process of `ctx` per tuple of `args_per_worker`, running target(*args, send) with `send` the
-    writing end of a pipe; each appended to `workers` as (process, reading end) once started, so that a
-    failure half-way still leaves every started one to stop_workers."""
-    for args in args_per_worker:
-        receive, send = ctx.Pipe(duplex=False)
-        worker = ctx.Process(target=target, args=(*args, send), daemon=True)
-        worker.start()
-        send.close()
-        workers.append((worker, receive))
-
-
-def send_outcome(send, compute: Callable[[], dict]) -> None:
-    """In a worker process: ("ok", compute()), or ("error", how it failed) if it raised (the message
-    travels; the exception's class may not unpickle), pickled to `send`, which is then closed."""
-    try:
-        data = pickle.dumps(("ok", compute()), protocol=pickle.HIGHEST_PROTOCOL)
-    except BaseException as exc:
-        data = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
-    try:
-        send.send_bytes(data)
-    finally:
-        send.close()
-
-
-def gather_workers(workers: list, results: dict, failure: type[Exception]) -> None:
-    """Each worker process's ("ok", {partition: result}) (send_outcome) into `results`; a worker's
-    ("error", message), or its death, raised as `failure`."""
-    for worker, receive in workers:
-        try:
-            status, value = pickle.loads(receive.recv_bytes())
-        except EOFError:
-            worker.join(5)
-            raise failure(f"a replay process died (exit code {worker.exitcode})") from None
-        if status != "ok":
-            raise failure(value)
-        results.update(value)
-
-
-def stop_workers(workers: list) -> None:
-    for worker, receive in workers:
-        receive.close()
-        worker.join(10)
-        if worker.is_alive():
-            worker.kill()
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-__all__ = ["decode_record", "write_export", "read_export", "is_export", "replay_partitions", "merged_document",
-           "replay_export", "partition_document", "merge_documents",
-           "ledger_snapshot"]

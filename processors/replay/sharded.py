@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from branch_settlement.processors.ledger.outputs import Outputs
-from branch_settlement.processors.replay.partitioned import (_cores, gather_workers, send_outcome, start_workers,
-                                                             stop_workers)
+from branch_settlement.processors.replay.workers import (_cores, gather_workers, send_outcome, start_workers,
+                                                         stop_workers)
 from branch_settlement.processors.replay.replayer import (ASIDE_MIN_BYTES, DEFAULT_CHECKPOINT_EVENTS, Replayer,
                                                           ReplayResult, _single_threaded, decode_json_line,
                                                           ledger_snapshot)

@@ -1,0 +1,129 @@
+"""Readers of the committed topics for the cross-check: read_committed consumers with large fetches, the
+topics' metadata (partitions, leaders) and offsets (watermarks, offsets for a time, last stable offsets)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Iterable
+
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from branch_settlement.processors.kafka.errors import KafkaFailure
+from branch_settlement.processors.replay.export_format import decode_record
+from branch_settlement.schemas.codec import Codec
+
+# A reader of whole topics: large fetches, and a short wait whenever the fetched records run out, since
+# consume(n, timeout) waits out its timeout on every batch of fewer than n records.
+READER_SETTINGS = {"enable.auto.commit": False, "isolation.level": "read_committed", "enable.partition.eof": True,
+                   "fetch.wait.max.ms": 10, "max.partition.fetch.bytes": 8 << 20, "fetch.max.bytes": 64 << 20}
+BATCH = 10_000
+IDLE_WAIT_S = 0.05
+GROUP_ID = "settle-audit-replay"
+
+
+def read_committed(client_config: dict, topic: str, partitions: Iterable[int], start: dict[int, int] | None = None,
+                   end: dict[int, int] | None = None) -> dict[int, list]:
+    """Committed records of `topic` per partition: (offset, key, value), from `start` (default: the
+    beginning) up to the end offsets `end` (default: the ends when reading began)."""
+    consumer = Consumer({**client_config, "group.id": GROUP_ID, **READER_SETTINGS})
+    try:
+        partitions = list(partitions)
+        if end is None:
+            end = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+        start = start or {}
+        records: dict[int, list] = {p: [] for p in partitions}
+        pending = {p for p in partitions if start.get(p, 0) < end[p]}
+        if not pending:
+            return records
+        consumer.assign([TopicPartition(topic, p, start.get(p, -2)) for p in pending])
+        while pending:
+            for message in consumer.consume(num_messages=BATCH, timeout=IDLE_WAIT_S):
+                p = message.partition()
+                err = message.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(p)
+                        continue
+                    raise KafkaFailure(f"reading {topic}[{p}]: {err.str()} ({err.name()})", code=err.name())
+                if message.offset() >= end[p]:
+                    pending.discard(p)
+                    continue
+                records[p].append((message.offset(), message.key(), message.value()))
+                if message.offset() >= end[p] - 1:
+                    pending.discard(p)
+        return records
+    except KafkaException as exc:
+        raise KafkaFailure.wrap(f"reading {topic}", exc) from None
+    finally:
+        consumer.close()
+
+
+def know_leaders(consumer: Consumer, topics: list[str]) -> None:
+    """Fetch the topics' metadata before assigning partitions at a logical offset (the beginning): assigned
+    before its leader is known, a partition's offset query waits for librdkafka's retry timer ("no current
+    leader for partition: (re)starting offset query timer"), which every reader would pay (docs/audit.md)."""
+    for topic in topics:
+        consumer.list_topics(topic, timeout=10)
+
+
+def partitions_of(client_config: dict, topic: str) -> list[int]:
+    consumer = Consumer({**client_config, "group.id": GROUP_ID})
+    try:
+        metadata = consumer.list_topics(topic, timeout=10)
+    except KafkaException as exc:
+        raise KafkaFailure.wrap(f"metadata of {topic}", exc) from None
+    finally:
+        consumer.close()
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None:
+        raise KafkaFailure(f"topic {topic} does not exist")
+    return sorted(found.partitions)
+
+
+def offsets_for_time(client_config: dict, topic: str, partitions: list[int], time_ms: int) -> dict[int, int]:
+    consumer = Consumer({**client_config, "group.id": GROUP_ID})
+    try:
+        found = consumer.offsets_for_times([TopicPartition(topic, p, time_ms) for p in partitions], timeout=10)
+    finally:
+        consumer.close()
+    ends = {}
+    for tp in found:
+        ends[tp.partition] = tp.offset if tp.offset >= 0 else sys.maxsize
+    return ends
+
+
+def read_inputs(client_config: dict, topic: str, partitions: list[int], codec: Codec) -> dict[int, list]:
+    """The input topic as the processor saw it: per partition, (Input, raw bytes) in offset order."""
+    raw = read_committed(client_config, topic, partitions)
+    return {p: [decode_record(codec, p, offset, value)[1:] for offset, _, value in recs] for p, recs in raw.items()}
+
+
+def input_bounds(client_config: dict, topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
+    """(end, beginning) of each partition of the input when reading begins; the end is the last stable
+    offset (read_committed), where the replay of that partition stops."""
+    consumer = Consumer({**client_config, "group.id": GROUP_ID, **READER_SETTINGS})
+    try:
+        bounds = {}
+        for p in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            bounds[p] = (high, min(low, high))
+        return bounds
+    except KafkaException as exc:
+        raise KafkaFailure.wrap(f"offsets of {topic}", exc) from None
+    finally:
+        consumer.close()
+
+
+def stable_ends(admin: AdminClient, topics: list[str], partition: int) -> dict[str, int]:
+    """The last stable offset of `partition` of each topic (read_committed), in one request."""
+    request = {TopicPartition(topic, partition): OffsetSpec.latest() for topic in topics}
+    futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=10)
+    try:
+        return {tp.topic: future.result().offset for tp, future in futures.items()}
+    except KafkaException as exc:
+        raise KafkaFailure.wrap(f"end offsets of partition {partition}", exc) from None
+
+
+__all__ = ["READER_SETTINGS", "BATCH", "IDLE_WAIT_S", "GROUP_ID", "read_committed", "know_leaders", "partitions_of",
+           "offsets_for_time", "read_inputs", "input_bounds", "stable_ends"]
