@@ -30,6 +30,7 @@ from bench.suite import backlog  # noqa: E402
 from bench.suite.env import INPUT, Env  # noqa: E402
 from branch_settlement.processors.kafka import checkpoint as checkpoint_module  # noqa: E402
 from branch_settlement.processors.kafka import processor as processor_module  # noqa: E402
+from branch_settlement.processors.kafka import processor_clients as clients_module  # noqa: E402
 from branch_settlement.processors.kafka.config import ProcessorConfig  # noqa: E402
 from branch_settlement.processors.kafka.partition import PartitionTask  # noqa: E402
 
@@ -64,16 +65,16 @@ def timed_class(base, steps: tuple[str, ...], prefix: str = "kafka."):
     return type(f"Timed{base.__name__}", (base,), namespace)
 
 
-TimedProducer = timed_class(processor_module.Producer, ("begin_transaction", "produce", "flush",
-                                                        "send_offsets_to_transaction", "commit_transaction"))
-TimedConsumer = timed_class(processor_module.Consumer, ("consume",))
+TimedProducer = timed_class(clients_module.Producer, ("begin_transaction", "produce", "flush",
+                                                      "send_offsets_to_transaction", "commit_transaction"))
+TimedConsumer = timed_class(clients_module.Consumer, ("consume",))
 
 
 def instrument(processor) -> None:
     """Wrap the stages of one Processor instance and of the modules it calls."""
     codec = processor.codec
     codec.decode_event = timed("decode (Avro in)", codec.decode_event)
-    processor_module.Producer, processor_module.Consumer = TimedProducer, TimedConsumer
+    clients_module.Producer, clients_module.Consumer = TimedProducer, TimedConsumer
     checkpoint_module.encode_checkpoint = timed("encode (ledger changes)", checkpoint_module.encode_checkpoint)
     PartitionTask.write_committed = timed("store write (RocksDB batch)", PartitionTask.write_committed)
     PartitionTask.apply = timed(APPLY, PartitionTask.apply)

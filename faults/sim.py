@@ -37,7 +37,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 import branch_settlement.processors.kafka.faults as kafka_faults
 from branch_settlement.processors import gc_tuning
-import branch_settlement.processors.kafka.processor as processor_mod
+import branch_settlement.processors.kafka.assignment as assignment_mod
+import branch_settlement.processors.kafka.recovery as recovery_mod
 import branch_settlement.processors.kafka.restore as restore_mod
 from faults.workload import build
 from branch_settlement.processors.workload import Mix
@@ -330,19 +331,19 @@ def partition_inputs(seed: int, events: int) -> tuple[dict[int, list[bytes]], Co
 
 @contextlib.contextmanager
 def patched(plan: Plan, broker: Broker, stores: dict[int, MemoryStore]):
-    saved = (kafka_faults.crash_point, kafka_faults.pause_point, restore_mod.Consumer, processor_mod.open_store,
-             processor_mod.delete_store, processor_mod.FENCE_BACKOFF_S)
+    saved = (kafka_faults.crash_point, kafka_faults.pause_point, restore_mod.Consumer, assignment_mod.open_store,
+             assignment_mod.delete_store, recovery_mod.FENCE_BACKOFF_S)
     kafka_faults.crash_point = plan.crash_point
     kafka_faults.pause_point = plan.pause_point
     restore_mod.Consumer = lambda config: RestoreConsumer(broker)
-    processor_mod.open_store = lambda state_dir, group, p: stores.setdefault(p, MemoryStore())
-    processor_mod.delete_store = lambda state_dir, group, p: stores.pop(p, None)
-    processor_mod.FENCE_BACKOFF_S = 0.0
+    assignment_mod.open_store = lambda state_dir, group, p: stores.setdefault(p, MemoryStore())
+    assignment_mod.delete_store = lambda state_dir, group, p: stores.pop(p, None)
+    recovery_mod.FENCE_BACKOFF_S = 0.0
     try:
         yield
     finally:
-        (kafka_faults.crash_point, kafka_faults.pause_point, restore_mod.Consumer, processor_mod.open_store,
-         processor_mod.delete_store, processor_mod.FENCE_BACKOFF_S) = saved
+        (kafka_faults.crash_point, kafka_faults.pause_point, restore_mod.Consumer, assignment_mod.open_store,
+         assignment_mod.delete_store, recovery_mod.FENCE_BACKOFF_S) = saved
 
 
 # Checkpoints come at random between batches (`checkpoint_rate`), and within a batch right after an event that

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from branch_settlement.processors.kafka import assignment as assignment_mod
 from branch_settlement.processors.kafka import processor as processor_mod
 from branch_settlement.processors.kafka.config import ProcessorConfig
 from branch_settlement.processors.kafka.errors import KafkaFailure
@@ -23,7 +24,7 @@ class TimingOutConsumer:
 
 
 def committed_with(monkeypatch, error: KafkaError) -> tuple[KafkaFailure, TimingOutConsumer]:
-    monkeypatch.setattr(processor_mod, "COMMITTED_EXTRA_WAIT_S", 0.0)
+    monkeypatch.setattr(assignment_mod, "COMMITTED_EXTRA_WAIT_S", 0.0)
     config = ProcessorConfig(transaction_timeout_ms=1_000, topic_prefix="t.")
     proc = processor_mod.Processor(config, {"branch-events": "t.branch-events"})
     consumer = TimingOutConsumer(error)
