@@ -508,6 +508,17 @@ MINIMAL = {
         ("ChildFailed", "P", dict(child_id="A", attempt_id="A1", lease_generation=0, activated=False,
                                   reason="never started")),
     ],
+    # A usage report from an attempt in reconciliation (sent there by an uncertain acknowledgement before any
+    # activation) proves it ran: a later "failed before activation" of it must not release it from `pending`.
+    "never-started-after-a-usage-report-in-reconciliation": [
+        tick(T0), parent("P"),
+        ("ChildReserved", "P", dict(child_id="A", branch_id="A", attempt_id="A1", quantities={"tokens": 20})),
+        ("CancelAcknowledged", "P", dict(child_id="A", attempt_id="A1", lease_generation=0, usage_uncertain=True)),
+        ("UsageReported", "P", dict(child_id="A", attempt_id="A1", lease_generation=0, usage_report_id="r1",
+                                    usage={}, final=False)),
+        ("ChildFailed", "P", dict(child_id="A", attempt_id="A1", lease_generation=0, activated=False,
+                                  reason="never started")),
+    ],
 }
 
 

@@ -107,7 +107,8 @@ def _adopt_report(ctx: EventContext, view: LedgerView, parent: dict, child: dict
     if generation > child["lease_generation"]:
         child["lease_generation"] = generation
         ctx.audit(parent["parent_id"], child, child["state"], child["state"], "implied lease renewal")
-    if proves_execution and not child["activated"] and child["state"] in model.LIVE_STATES:
+    if proves_execution and not child["activated"]:
+        # Also in reconciliation: a report proves the attempt ran, so a later "never started" cannot release it.
         child["activated"] = True
         prior = child["state"]
         new_state = model.ACTIVATED if prior == model.RESERVED else prior
