@@ -35,6 +35,7 @@ import fastavro
 from fastavro import schemaless_reader, schemaless_writer
 
 from branch_settlement.schemas.codegen import NotPlain, compile_decoder, compile_encoder
+from branch_settlement.schemas.limits import MAX_EVENT_BYTES
 from branch_settlement.schemas.errors import CodecError
 from branch_settlement.schemas.event_json import EventShape, event_type_of
 from branch_settlement.schemas.registry import (SINGLE_OBJECT_MARKER, SchemaVersion, expand, load_registry,
@@ -164,6 +165,8 @@ class Codec:
             if fast is not None:
                 try:
                     return fast[0], fast[1](data)
+                except CodecError:
+                    raise
                 except Exception:  # anything unusual: decoded again below, to fastavro's record or error
                     pass
         return self._decode_with_fastavro(data)
@@ -195,12 +198,17 @@ class Codec:
         return self.encode(self._event_name(event), event)
 
     def decode_event(self, data: bytes) -> dict[str, Any]:
-        """The canonical event dict of single-object encoded `data`; CodecError if it is not an event."""
+        """The canonical event dict of single-object encoded `data`; CodecError if it is not an event, or larger
+        than an event may be (schemas/limits.py)."""
+        if len(data) > MAX_EVENT_BYTES:
+            raise CodecError(f"a record of {len(data)} bytes: an event is at most {MAX_EVENT_BYTES}")
         if type(data) is bytes and data[:2] == SINGLE_OBJECT_MARKER:
             fast = self._fast_event_readers.get(data[2:HEADER_SIZE])
             if fast is not None:
                 try:
                     return fast(data)
+                except CodecError:
+                    raise
                 except Exception:  # anything unusual: decoded again below, to fastavro's record or error
                     pass
         name, record = self._decode_with_fastavro(data)

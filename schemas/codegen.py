@@ -31,6 +31,8 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+from branch_settlement.schemas.errors import CodecError
+
 _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
 _NULL = "null"
 
@@ -99,8 +101,8 @@ def _read_varint(data: bytes, pos: int, first: int) -> tuple[int, int]:
         shift += 7
         if b < 0x80:
             break
-    if n >> 64:  # fastavro accumulates in 64 bits: leave such input to it
-        raise NotPlain
+    if n >> 64:  # no long has it: fastavro would wrap it around to a small number, so refuse it here
+        raise CodecError(f"a varint at byte {pos} is beyond the 64 bits of an Avro long")
     return (n >> 1) ^ -(n & 1), pos
 
 

@@ -111,8 +111,18 @@ def _checker(schema: Any, named: dict[str, Any]) -> Checker:
 
 def _check_string(value: Any) -> str:
     if type(value) is str:
+        if not value.isascii():
+            _check_unicode(value)
         return value
     raise _Invalid(f"expected string, got {_show(value)}")
+
+
+def _check_unicode(value: str) -> None:
+    """JSON's escapes can write what no UTF-8 (and so no Avro string) can hold: a lone surrogate."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _Invalid("not valid Unicode text: it holds a lone surrogate (an escape such as \\ud800)") from None
 
 
 def _check_long(value: Any) -> int:
@@ -174,6 +184,8 @@ def _map_checker(check_value: Checker) -> Checker:
         for key in keys:
             if type(key) is not str:
                 raise _Invalid(f"expected string key, got {_show(key)}")
+            if not key.isascii():
+                _check_unicode(key)
             try:
                 out[key] = check_value(value[key])
             except _Invalid as exc:

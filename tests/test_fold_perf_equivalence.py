@@ -150,7 +150,8 @@ def test_every_record_of_a_realistic_workload_encodes_as_fastavro_does(codec):
 
 # - `Codec.decode` and `Codec.decode_event` read bytes written with a current schema with generated readers and
 #   leave anything unusual to fastavro: whatever the bytes, the record (with its key order and types) or the
-#   CodecError (with its message) must be the one the plain fastavro path gives.
+#   CodecError (with its message) must be the one the plain fastavro path gives. One difference on purpose: a
+#   varint beyond 64 bits, which fastavro wraps around to a small number or fails on later, is refused at once.
 
 
 def outcome(decode, data):
@@ -168,8 +169,15 @@ def plain_event(codec, data):
     return {"type": name, **record}
 
 
+VARINT_BEYOND_64_BITS = "beyond the 64 bits of an Avro long"
+
+
 def assert_decodes_as_fastavro(codec, data):
-    assert outcome(codec.decode, data) == outcome(codec._decode_with_fastavro, data), data
+    fast = outcome(codec.decode, data)
+    if VARINT_BEYOND_64_BITS in fast:
+        assert outcome(codec.decode_event, data).startswith("CodecError: "), data
+        return
+    assert fast == outcome(codec._decode_with_fastavro, data), data
     assert outcome(codec.decode_event, data) == outcome(lambda d: plain_event(codec, d), data), data
 
 
@@ -285,7 +293,8 @@ def reference_digest(event):
 
 
 def assert_checks_as_before(event):
-    from branch_settlement.processors.ledger.fold import _problem, payload_digest, validate
+    from branch_settlement.processors.ledger.fold import payload_digest
+    from branch_settlement.processors.ledger.validation import _problem, validate
 
     assert outcome_of(validate, event) == outcome_of(_problem, event), event
     assert outcome_of(payload_digest, event) == outcome_of(reference_digest, event), event
@@ -337,7 +346,8 @@ def test_every_odd_value_in_every_field_of_every_typical_event(codec, value):
 
 
 def test_the_fast_checks_take_every_plain_event_of_a_realistic_workload(codec):
-    from branch_settlement.processors.ledger.fold import _SORTED_JSON, _plainly_valid
+    from branch_settlement.processors.ledger.fold import _SORTED_JSON
+    from branch_settlement.processors.ledger.validation import _plainly_valid
 
     events = [codec.event_from_json(r) for r in Generator(5).generate(1500) if not isinstance(r, str)]
     for event in events:

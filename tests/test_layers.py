@@ -109,7 +109,7 @@ def test_the_rule_catches_a_fold_importing_the_runtime(tmp_path) -> None:
 
 def test_the_event_types_are_defined_once() -> None:
     """The codec's EVENT_TYPES (one schema each) is the list; the fold's per-type tables must cover exactly it."""
-    from branch_settlement.processors.ledger.fold import ID_FIELDS
+    from branch_settlement.processors.ledger.validation import ID_FIELDS
     from branch_settlement.processors.ledger.handlers import HANDLERS
     from branch_settlement.schemas.codec import EVENT_TYPES
 

@@ -81,6 +81,7 @@ def add_produce(commands) -> None:
 
 def _produce(args: argparse.Namespace) -> int:
     from branch_settlement.processors.kafka.clients import BranchEventProducer
+    from branch_settlement.processors.ledger.validation import validate
     from branch_settlement.processors.replay.replayer import read_jsonl
     from branch_settlement.schemas.codec import default_codec
 
@@ -92,9 +93,11 @@ def _produce(args: argparse.Namespace) -> int:
     partitions = producer.partitions()
     sent, rejected = 0, 0
     for item in read_jsonl(args.file, codec):
-        if item.event is None:
+        # Refused here what the processor would refuse (the fold's own validation): an orchestrator learns it now.
+        reason = item.reason if item.event is None else validate(item.event)
+        if reason is not None:
             rejected += 1
-            print(f"line {item.line}: not sent: {item.reason}", file=sys.stderr)
+            print(f"line {item.line}: not sent: {reason}", file=sys.stderr)
             continue
         if item.event["type"] == "Tick":
             for partition in partitions:

@@ -5,7 +5,8 @@ clock (ledger time comes from Tick events), no randomness, and iteration orders 
 events in the same order give the same ledger and the same outputs, byte for byte.
 
 Per event, in order:
-1. semantic validation (ids, quantities, TTLs, enumerations) -> `invalid_event`, nothing changes;
+1. semantic validation (validation.py: ids, quantities, times within their limits, enumerations) ->
+   `invalid_event`, nothing changes;
 2. idempotency: a stored result under the same key -> `duplicate` (same payload) or
    `idempotency_conflict` (another payload), nothing changes;
 3. the handler decides (a rejection code, nothing changes) or applies;
@@ -25,6 +26,7 @@ from branch_settlement.processors.ledger.context import EventContext
 from branch_settlement.processors.ledger.errors import InvariantViolation
 from branch_settlement.processors.ledger.handlers import HANDLERS, Reject, fire_timer, rebase_timers
 from branch_settlement.processors.ledger.outputs import Outputs
+from branch_settlement.processors.ledger.validation import validate
 from branch_settlement.projections import model
 from branch_settlement.projections.view import LedgerView
 from branch_settlement.schemas.codec import EVENT_TYPES, default_codec
@@ -32,32 +34,6 @@ from branch_settlement.schemas.event_json import compile_sorted_json
 
 # Fields that describe a delivery, not the settlement: left out of the payload comparison (SPEC §10).
 DELIVERY_FIELDS = ("event_id", "occurred_at_ms")
-
-ID_FIELDS = {
-    "ParentReserved": (),
-    "ChildReserved": ("child_id", "branch_id", "attempt_id"),
-    "ChildActivated": ("child_id", "attempt_id"),
-    "LeaseRenewed": ("child_id", "attempt_id"),
-    "UsageReported": ("child_id", "attempt_id", "usage_report_id"),
-    "ChildCompleted": ("child_id", "attempt_id"),
-    "ChildSkipped": ("child_id", "attempt_id"),
-    "CancelRequested": ("child_id", "attempt_id"),
-    "CancelAcknowledged": ("child_id", "attempt_id"),
-    "ChildFailed": ("child_id", "attempt_id"),
-    "SpeculativeWinner": ("branch_id", "winner_attempt_id"),
-    "ReservationTransferred": ("child_id", "from_attempt_id", "to_attempt_id"),
-    "ReconciliationResolved": ("child_id", "attempt_id"),
-    "UsageAdjustment": ("child_id", "attempt_id"),
-    "SchedulerReleaseConfirmed": ("child_id", "attempt_id", "dimension"),
-    "ParentClosed": (),
-    "Tick": (),
-}
-QUANTITY_FIELDS = ("quantities", "usage")
-TTL_FIELDS = ("lease_ttl_ms",)
-PARENT_OUTCOMES = frozenset({"succeeded", "failed", "cancelled"})
-OUTCOME_EVENTS = frozenset({"CancelAcknowledged", "ChildFailed"})
-RESOLUTIONS = frozenset({"late_report", "operator"})
-
 
 # The payload's canonical form: JSON with keys sorted at every level, so equal payloads give equal bytes
 # whatever their key order. Stored digests were made with exactly these options: changing them would turn
@@ -92,144 +68,6 @@ def payload_digest(event: dict) -> bytes:
     if data is None:
         data = _canonical_json(event).encode()
     return _blake2b(data, digest_size=16).digest()
-
-
-def _bad_id(value) -> bool:
-    return type(value) is not str or not value or "\x00" in value
-
-
-def _bad_quantities(quantities) -> str | None:
-    for dim, quantity in quantities.items():
-        if _bad_id(dim):
-            return f"dimension name {dim!r} is empty or contains NUL"
-        if type(quantity) is not int or quantity < 0:
-            return f"{dim}: quantity must be a non-negative integer, got {quantity!r}"
-    return None
-
-
-def validate(event: dict) -> str | None:
-    """What makes the event meaningless, or None. Types were checked by the codec; this checks values."""
-    try:
-        if _plainly_valid(event):
-            return None
-    except Exception:  # raised again, or not, by the full check below
-        pass
-    return _problem(event)
-
-
-# The ids every event of a type must have, fetched in one call (Tick and ParentReserved take the full check).
-_IDS = {etype: operator.itemgetter("event_id", "idempotency_key", "parent_id", *fields)
-        for etype, fields in ID_FIELDS.items() if etype not in ("Tick", "ParentReserved")}
-
-
-def _plainly_valid(event: dict) -> bool:
-    """True only where `_problem` finds nothing, checked with fewer calls; False means: ask `_problem`."""
-    etype = event["type"]
-    ids = _IDS.get(etype)
-    if ids is None:
-        return False
-    for value in ids(event):
-        if type(value) is not str or not value or "\x00" in value:
-            return False
-    for field in QUANTITY_FIELDS:
-        quantities = event.get(field)
-        if quantities:
-            for dim, quantity in quantities.items():
-                if type(dim) is not str or not dim or "\x00" in dim or type(quantity) is not int or quantity < 0:
-                    return False
-    for field in TTL_FIELDS:
-        if field in event and event[field] <= 0:
-            return False
-    if event.get("lease_generation", 0) < 0:
-        return False
-    if etype == "ChildReserved":
-        return bool(event["quantities"])
-    if etype == "ParentClosed":
-        return event["outcome"] in PARENT_OUTCOMES
-    if etype == "ReconciliationResolved":
-        return event["resolution"] in RESOLUTIONS
-    if etype in OUTCOME_EVENTS:
-        return _outcome_problem(event) is None
-    return True
-
-
-def _problem(event: dict) -> str | None:
-    etype = event["type"]
-    if etype not in ID_FIELDS:
-        return f"unknown event type {etype!r}"
-    if _bad_id(event["event_id"]) or _bad_id(event["idempotency_key"]):
-        return "event_id and idempotency_key must be non-empty and contain no NUL"
-    if etype == "Tick":
-        if event["parent_id"]:
-            return "a Tick belongs to a partition: parent_id must be empty"
-        return None if event["now_ms"] >= 0 else "now_ms must be >= 0"
-    if _bad_id(event["parent_id"]):
-        return "parent_id must be non-empty and contain no NUL"
-    for field in ID_FIELDS[etype]:
-        if _bad_id(event[field]):
-            return f"{field} must be non-empty and contain no NUL"
-    for field in QUANTITY_FIELDS:
-        quantities = event.get(field)
-        if quantities:
-            problem = _bad_quantities(quantities)
-            if problem:
-                return f"{field}: {problem}"
-    for field in TTL_FIELDS:
-        if field in event and event[field] <= 0:
-            return f"{field} must be > 0"
-    if event.get("lease_generation", 0) < 0:
-        return "lease_generation must be >= 0"
-    if etype == "ParentReserved":
-        return _validate_parent_reserved(event)
-    if etype == "ChildReserved" and not event["quantities"]:
-        return "quantities must name at least one dimension"
-    if etype == "ParentClosed" and event["outcome"] not in PARENT_OUTCOMES:
-        return f"outcome must be one of {sorted(PARENT_OUTCOMES)}"
-    if etype == "ReconciliationResolved" and event["resolution"] not in RESOLUTIONS:
-        return f"resolution must be one of {sorted(RESOLUTIONS)}"
-    if etype in OUTCOME_EVENTS:
-        return _outcome_problem(event)
-    return None
-
-
-def _outcome_problem(event: dict) -> str | None:
-    """A CancelAcknowledged or ChildFailed reports its usage as known (a total) or uncertain, never both; a
-    retry keeps the capacity only with known usage, and only for another attempt."""
-    uncertain, usage = event["usage_uncertain"], event["usage"]
-    if uncertain and usage is not None:
-        return "usage and usage_uncertain are exclusive"
-    if not uncertain and usage is None:
-        if event["type"] == "CancelAcknowledged":
-            return "a cancel acknowledgement needs usage or usage_uncertain"
-        if event["activated"]:
-            return "a failure after activation needs usage or usage_uncertain"
-    retry = event.get("retry_attempt_id")
-    if retry is not None and uncertain:
-        return "a retry can keep the capacity only when the usage is known"
-    if retry is not None and (not retry or "\x00" in retry):
-        return "retry_attempt_id must be non-empty and contain no NUL"
-    if retry == event["attempt_id"]:
-        return "retry_attempt_id names the failing attempt itself"
-    return None
-
-
-def _validate_parent_reserved(event: dict) -> str | None:
-    capacity = event["capacity"]
-    if not capacity:
-        return "capacity must name at least one dimension"
-    problem = _bad_quantities({dim: spec["quantity"] for dim, spec in capacity.items()})
-    if problem:
-        return f"capacity: {problem}"
-    for dim, spec in capacity.items():
-        if spec["kind"] not in model.DIMENSION_KINDS:
-            return f"capacity.{dim}.kind must be logical or physical, got {spec['kind']!r}"
-    policy = event["policy"]
-    if policy["max_live_children"] < 1:
-        return "policy.max_live_children must be >= 1"
-    if policy["reconciliation_timeout_ms"] <= 0:
-        return "policy.reconciliation_timeout_ms must be > 0"
-    problem = _bad_quantities(policy["lending_limit"])
-    return f"policy.lending_limit: {problem}" if problem else None
 
 
 # The invariant runs after every applied event on every parent it touched: each balance's terms are fetched in

@@ -10,6 +10,7 @@ from branch_settlement.processors.ledger import results
 from branch_settlement.processors.ledger.context import EventContext
 from branch_settlement.projections import model
 from branch_settlement.projections.view import LedgerView
+from branch_settlement.schemas.limits import MAX_BALANCE, MAX_CHILDREN_PER_PARENT, MAX_USAGE_REPORTS_PER_ATTEMPT
 
 SETTLING_REPORTS = ("UsageReported", "ChildCompleted", "CancelAcknowledged", "ChildFailed")
 
@@ -115,6 +116,22 @@ def _adopt_report(ctx: EventContext, view: LedgerView, parent: dict, child: dict
         accounting.set_state(ctx, view, parent, child, new_state, "implied activation")
 
 
+def _check_headroom(parent: dict, child: dict, usage: dict | None) -> None:
+    """Committing `usage` (an upper bound of what the event commits) keeps every term it grows, and the
+    child's consumption, within MAX_BALANCE: far inside int64, so no sum the fold computes can overflow."""
+    if not usage:
+        return
+    dims = parent["dimensions"]
+    earlier = child["earlier_attempts_consumed"]
+    for dim, quantity in usage.items():
+        balance = dims[dim]
+        grown = max(balance["committed"], balance["capacity"] + balance["overdrawn"],
+                    child["consumed"].get(dim, 0) + earlier.get(dim, 0))
+        if grown + quantity > MAX_BALANCE:
+            raise Reject(results.LIMIT_EXCEEDED, f"{dim}: committing {quantity} would take the ledger past "
+                                                 f"{MAX_BALANCE}")
+
+
 def _known_usage(event: dict) -> dict | None:
     """The usage total of a CancelAcknowledged or ChildFailed: None when uncertain."""
     if event["usage_uncertain"]:
@@ -179,6 +196,8 @@ def child_reserved(ctx: EventContext, view: LedgerView) -> None:
         raise Reject(results.INVALID_TRANSITION, f"child {child_id!r} is already reserved")
     quantities = event["quantities"]
     _check_dimensions(parent, quantities, "quantities")
+    if len(parent["children"]) >= MAX_CHILDREN_PER_PARENT:
+        raise Reject(results.LIMIT_EXCEEDED, f"a parent has at most {MAX_CHILDREN_PER_PARENT} children")
     if parent["live_children"] >= parent["max_live_children"]:
         raise Reject(results.FANOUT_EXCEEDED, f"{parent['live_children']} live children, at most "
                                         f"{parent['max_live_children']}")
@@ -272,6 +291,10 @@ def usage_reported(ctx: EventContext, view: LedgerView) -> None:
     parent, child = _report_target(ctx, view)
     if event["usage_report_id"] in child["usage_report_ids"]:
         raise Reject(results.DUPLICATE_USAGE_REPORT, f"usage report {event['usage_report_id']!r} was already counted")
+    if len(child["usage_report_ids"]) >= MAX_USAGE_REPORTS_PER_ATTEMPT:
+        raise Reject(results.LIMIT_EXCEEDED, f"an attempt has at most {MAX_USAGE_REPORTS_PER_ATTEMPT} usage "
+                                             "reports: report the total in its completion")
+    _check_headroom(parent, child, event["usage"])
     _adopt_report(ctx, view, parent, child, proves_execution=True)
     child["usage_report_ids"].append(event["usage_report_id"])
     accounting.commit_usage(ctx, view, parent, child, event["usage"])
@@ -283,6 +306,7 @@ def usage_reported(ctx: EventContext, view: LedgerView) -> None:
 
 def child_completed(ctx: EventContext, view: LedgerView) -> None:
     parent, child = _report_target(ctx, view)
+    _check_headroom(parent, child, ctx.event["usage"])
     _adopt_report(ctx, view, parent, child, proves_execution=True)
     accounting.settle(ctx, view, parent, child, ctx.event["usage"], "completed")
 
@@ -291,6 +315,7 @@ def _settle_outcome(ctx: EventContext, view: LedgerView, parent: dict, child: di
                     reason: str, note: str = "") -> None:
     """Known usage settles (or hands the remainder to a retry); unknown usage goes to reconciliation."""
     event = ctx.event
+    _check_headroom(parent, child, usage)
     # A failure that says the attempt ran is taken at its word (SPEC §4), whatever its usage: once the child
     # counts as activated, a later "never started" can no longer release it.
     _adopt_report(ctx, view, parent, child, proves_execution=event.get("activated", False) or _positive(usage))
@@ -356,6 +381,7 @@ def reconciliation_resolved(ctx: EventContext, view: LedgerView) -> None:
         raise Reject(results.ALREADY_SETTLED, f"child {child['child_id']!r} is {child['state']}")
     if child["state"] not in model.PENDING_STATES:
         raise Reject(results.INVALID_TRANSITION, f"child is {child['state']}, not in reconciliation")
+    _check_headroom(parent, child, event["usage"])
     accounting.settle(ctx, view, parent, child, event["usage"], "reconciliation_resolved", event["resolution"])
 
 
@@ -368,6 +394,7 @@ def usage_adjustment(ctx: EventContext, view: LedgerView) -> None:
     if child["state"] not in model.SETTLED_STATES:
         raise Reject(results.INVALID_TRANSITION, f"child is {child['state']}: adjust only after settlement, "
                                            "report usage before it")
+    _check_headroom(parent, child, event["usage"])
     accounting.commit_usage(ctx, view, parent, child, event["usage"])
 
 

@@ -20,6 +20,9 @@ INVALID_EVENT = "invalid_event"
 DUPLICATE_USAGE_REPORT = "duplicate_usage_report"
 # A tick that does not move ledger time forward.
 STALE_TICK = "stale_tick"
+# The event would take the ledger past one of its own limits (schemas/limits.py): too many children for one
+# parent, usage reports for one attempt, or a balance term beyond int64's headroom.
+LIMIT_EXCEEDED = "limit_exceeded"
 
 # Results of applied events: stored under the idempotency key, so a redelivery gets `duplicate`.
 # Rejections change nothing and are not stored: the same key may be retried (e.g. a reservation that
@@ -40,5 +43,6 @@ REJECTIONS = (
     INVALID_EVENT,
     DUPLICATE_USAGE_REPORT,
     STALE_TICK,
+    LIMIT_EXCEEDED,
 )
 ALL = (OK, DUPLICATE, IDEMPOTENCY_CONFLICT, OVERDRAWN) + REJECTIONS

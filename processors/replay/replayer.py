@@ -27,6 +27,7 @@ from branch_settlement.projections.store import MemoryStore, Store
 from branch_settlement.projections.view import LedgerView
 from branch_settlement.schemas.codec import Codec, CodecError, default_codec
 from branch_settlement.processors.replay.errors import ReplayError
+from branch_settlement.schemas.limits import MAX_EVENT_BYTES
 
 DEFAULT_CHECKPOINT_EVENTS = 10_000
 
@@ -60,10 +61,14 @@ def read_jsonl(path: str | Path, codec: Codec) -> Iterator[Input]:
 
 
 def decode_json_line(raw: bytes, offset: int, line: int | None, codec: Codec) -> Input:
+    if len(raw) > MAX_EVENT_BYTES:
+        return Input(offset, None, f"a line of {len(raw)} bytes: an event is at most {MAX_EVENT_BYTES}", line)
     try:
         obj = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         return Input(offset, None, f"not valid JSON: {getattr(err, 'msg', err)} at column {getattr(err, 'colno', '?')}", line)
+    except RecursionError:
+        return Input(offset, None, "not valid JSON for an event: nested too deeply", line)
     if not isinstance(obj, dict):
         return Input(offset, None, f"expected a JSON object, got {type(obj).__name__}", line)
     try:

@@ -1,0 +1,251 @@
+"""The input boundary (schemas/limits.py): every field has a range, no sum the fold computes can overflow, every
+record the fold writes fits a topic's message size, and input the wire format cannot hold exactly is refused at
+decode. Each hostile input gets a result or a dead letter; nothing raises, nothing else changes, and good events
+after it still settle."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from branch_settlement.processors.kafka.partition import PartitionTask
+from branch_settlement.projections import model
+from branch_settlement.projections.store import MemoryStore
+from branch_settlement.schemas.codec import default_codec
+from branch_settlement.schemas.errors import CodecError
+from branch_settlement.schemas.limits import (DEAD_LETTER_ORIGINAL_BYTES, MAX_BALANCE, MAX_CHILDREN_PER_PARENT,
+                                              MAX_DIMENSIONS, MAX_EVENT_BYTES, MAX_ID_BYTES, MAX_LEASE_GENERATION,
+                                              MAX_QUANTITY, MAX_TEXT_BYTES, MAX_TIME_MS, MAX_TTL_MS,
+                                              MAX_USAGE_REPORTS_PER_ATTEMPT)
+from tests.harness import T0, Ledger
+
+pytestmark = pytest.mark.unit
+
+TOPIC_MAX_MESSAGE_BYTES = 1_048_588  # Kafka's default max.message.bytes
+
+
+def running() -> Ledger:
+    L = Ledger()
+    L.tick(T0)
+    assert L.open_parent() == "ok"
+    assert L.reserve("A") == "ok"
+    assert L.activate("A") == "ok"
+    return L
+
+
+def unchanged(L: Ledger, before: dict) -> None:
+    assert L.balance() == before
+
+
+@pytest.mark.parametrize("field,value", [
+    ("child_id", "x" * (MAX_ID_BYTES + 1)),
+    ("child_id", "é" * (MAX_ID_BYTES // 2 + 1)),  # two bytes each in UTF-8
+    ("attempt_id", "a" * 10_000),
+    ("branch_id", ""),
+])
+def test_ids_beyond_their_size_are_invalid(field: str, value: str) -> None:
+    L = running()
+    before = L.balance()
+    fields = dict(child_id="B", branch_id="B", attempt_id="B1", quantities={"tokens": 1})
+    fields[field] = value
+    assert L.send("ChildReserved", **fields) == "invalid_event"
+    assert "bytes of UTF-8" in L.out.results[-1]["detail"] or field == "branch_id"
+    unchanged(L, before)
+    assert L.reserve("B") == "ok"
+
+
+def test_an_id_at_its_limit_is_valid() -> None:
+    L = running()
+    assert L.reserve("é" * (MAX_ID_BYTES // 2), attempt="a" * MAX_ID_BYTES, branch="b" * MAX_ID_BYTES) == "ok"
+
+
+@pytest.mark.parametrize("etype,fields,detail", [
+    ("UsageReported", dict(child_id="A", attempt_id="A1", lease_generation=1, usage_report_id="r",
+                           usage={"tokens": MAX_QUANTITY + 1}), "quantity must be an integer from 0"),
+    ("ChildActivated", dict(child_id="A", attempt_id="A1", lease_generation=1, lease_ttl_ms=MAX_TTL_MS + 1),
+     "lease_ttl_ms"),
+    ("LeaseRenewed", dict(child_id="A", attempt_id="A1", lease_generation=MAX_LEASE_GENERATION + 1,
+                          lease_ttl_ms=1), "lease_generation"),
+    ("ChildSkipped", dict(child_id="A", attempt_id="A1", reason="r" * (MAX_TEXT_BYTES + 1)), "reason"),
+    ("UsageReported", dict(child_id="A", attempt_id="A1", lease_generation=1, usage_report_id="r",
+                           usage={f"d{i}": 0 for i in range(MAX_DIMENSIONS + 1)}), "dimensions, at most"),
+])
+def test_values_beyond_their_range_are_invalid(etype: str, fields: dict, detail: str) -> None:
+    L = running()
+    before = L.balance()
+    assert L.send(etype, **fields) == "invalid_event"
+    assert detail in L.out.results[-1]["detail"]
+    unchanged(L, before)
+
+
+def test_a_tick_beyond_the_time_limit_is_invalid_and_time_stands() -> None:
+    L = running()
+    assert L.tick(MAX_TIME_MS + 1) == "invalid_event"
+    assert L.view.meta["ledger_time_ms"] == T0
+    assert L.tick(T0 + 1) == "ok"
+
+
+def test_a_lease_of_the_longest_ttl_expires_without_overflow() -> None:
+    L = Ledger()
+    L.tick(T0)
+    assert L.open_parent(lease_ttl_ms=MAX_TTL_MS) == "ok"
+    assert L.reserve("A") == "ok"
+    assert L.activate("A", lease_ttl_ms=MAX_TTL_MS) == "ok"
+    assert L.tick(MAX_TIME_MS) == "ok"  # past both: the child expires, the parent expires
+    assert L.state("A") == "reconciling"
+    assert L.status() == "expired"
+
+
+def test_a_parent_takes_at_most_its_limit_of_children() -> None:
+    L = Ledger()
+    L.tick(T0)
+    assert L.open_parent(tokens=MAX_CHILDREN_PER_PARENT + 1) == "ok"
+    for n in range(MAX_CHILDREN_PER_PARENT):
+        assert L.reserve(f"c{n}", tokens=1) == "ok"
+        assert L.send("ChildSkipped", child_id=f"c{n}", attempt_id=f"c{n}1", reason="-") == "ok"
+    before = L.balance()
+    assert L.reserve("one-too-many", tokens=1) == "limit_exceeded"
+    unchanged(L, before)
+
+
+def test_an_attempt_takes_at_most_its_limit_of_usage_reports() -> None:
+    L = Ledger()
+    L.tick(T0)
+    assert L.open_parent(tokens=10) == "ok"
+    assert L.reserve("A", tokens=10) == "ok"
+    assert L.activate("A") == "ok"
+    for n in range(MAX_USAGE_REPORTS_PER_ATTEMPT):
+        assert L.send("UsageReported", child_id="A", attempt_id="A1", lease_generation=1, usage_report_id=f"r{n}",
+                      usage={"tokens": 0}) == "ok"
+    assert L.send("UsageReported", child_id="A", attempt_id="A1", lease_generation=1, usage_report_id="last",
+                  usage={"tokens": 1}) == "limit_exceeded"
+    assert L.send("ChildCompleted", child_id="A", attempt_id="A1", lease_generation=1,
+                  usage={"tokens": 4}) == "ok"  # the total still settles it
+    assert L.balance()["committed"] == 4
+
+
+def test_no_balance_term_can_grow_past_its_headroom() -> None:
+    """Adjustments beyond the parent are overdrawn, each at most MAX_QUANTITY: the one that would take a term
+    past MAX_BALANCE is limit_exceeded, and nothing changes."""
+    L = Ledger()
+    L.tick(T0)
+    assert L.open_parent(tokens=1) == "ok"
+    assert L.reserve("A", tokens=1) == "ok"
+    assert L.send("ChildSkipped", child_id="A", attempt_id="A1", reason="-") == "ok"
+    codes = []
+    for n in range(MAX_BALANCE // MAX_QUANTITY + 2):
+        codes.append(L.send("UsageAdjustment", child_id="A", attempt_id="A1", usage={"tokens": MAX_QUANTITY},
+                            reason="invoice"))
+        if codes[-1] == "limit_exceeded":
+            break
+    assert codes[-1] == "limit_exceeded" and set(codes[:-1]) == {"overdrawn"}
+    balance = L.balance()
+    assert balance["overdrawn"] + MAX_QUANTITY > MAX_BALANCE >= balance["overdrawn"]
+    assert balance["committed"] < 2**63
+
+
+# -- decode --------------------------------------------------------------------------------------------------
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("forged", [2**64 + 10, 2**70])
+def test_a_varint_beyond_64_bits_is_refused_not_wrapped(forged: int) -> None:
+    codec = default_codec()
+    event = codec.event_from_json({"type": "ChildReserved", "event_id": "e", "idempotency_key": "k",
+                                   "parent_id": "P", "occurred_at_ms": 0, "child_id": "A", "branch_id": "A",
+                                   "attempt_id": "A1", "quantities": {"tokens": 5}})
+    data = codec.encode_event(event)
+    at = data.rindex(_varint(10))  # zigzag(5), the last value of the record
+    with pytest.raises(CodecError, match="beyond the 64 bits"):
+        codec.decode_event(data[:at] + _varint(forged) + data[at + 1:])
+
+
+def test_an_oversized_record_is_refused_at_decode() -> None:
+    codec = default_codec()
+    event = codec.event_from_json({"type": "Tick", "event_id": "x" * MAX_EVENT_BYTES, "idempotency_key": "k",
+                                   "parent_id": "", "occurred_at_ms": 0, "now_ms": 1})
+    with pytest.raises(CodecError, match=f"an event is at most {MAX_EVENT_BYTES}"):
+        codec.decode_event(codec.encode_event(event))
+
+
+def test_a_lone_surrogate_is_refused_in_json() -> None:
+    codec = default_codec()
+    with pytest.raises(CodecError, match="lone surrogate"):
+        codec.event_from_json(json.loads('{"type": "Tick", "event_id": "\\ud800", "idempotency_key": "k", '
+                                         '"parent_id": "", "occurred_at_ms": 0, "now_ms": 1}'))
+
+
+def test_hostile_lines_are_dead_letters_and_the_replay_goes_on(tmp_path) -> None:
+    good = [{"type": "Tick", "event_id": "t", "idempotency_key": "tick/0/5", "parent_id": "", "occurred_at_ms": 0,
+             "now_ms": 5},
+            {"type": "ParentReserved", "event_id": "p", "idempotency_key": "P/reserve", "parent_id": "P",
+             "occurred_at_ms": 0, "capacity": {"tokens": {"quantity": 10, "kind": "logical"}}, "lease_ttl_ms": 1000,
+             "policy": {"max_live_children": 2, "reconciliation_timeout_ms": 100, "lending_limit": {}}}]
+    hostile = [
+        '{"type": "Tick", "event_id": "\\ud800", "idempotency_key": "k", "parent_id": "", "occurred_at_ms": 0, '
+        '"now_ms": 6}',
+        "[" * 20_000 + "]" * 20_000,  # within the size limit, far past the JSON parser's recursion limit
+        '{"type": "ChildReserved", "event_id": "e", "idempotency_key": "k", "parent_id": "P", "occurred_at_ms": 0, '
+        f'"child_id": "A", "branch_id": "A", "attempt_id": "A1", "quantities": {{"tokens": {2**64 + 5}}}}}',
+        json.dumps({"type": "Tick", "event_id": "x" * (MAX_EVENT_BYTES + 1), "idempotency_key": "k",
+                    "parent_id": "", "occurred_at_ms": 0, "now_ms": 7}),
+    ]
+    after = {"type": "ChildReserved", "event_id": "c", "idempotency_key": "P/A", "parent_id": "P",
+             "occurred_at_ms": 0, "child_id": "A", "branch_id": "A", "attempt_id": "A1", "quantities": {"tokens": 4}}
+    path = tmp_path / "hostile.jsonl"
+    path.write_text("\n".join([json.dumps(good[0]), json.dumps(good[1]), *hostile, json.dumps(after)]) + "\n")
+    done = subprocess.run([sys.executable, "-m", "branch_settlement.processors.cli.main", "replay", "--json",
+                           str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    doc = json.loads(done.stdout)
+    reasons = [letter["reason"] for letter in doc["dead_letters"]]
+    assert len(reasons) == len(hostile), reasons
+    assert "lone surrogate" in reasons[0] and "nested too deeply" in reasons[1]
+    assert "expected integer" in reasons[2] and f"an event is at most {MAX_EVENT_BYTES}" in reasons[3]
+    assert [r["result"] for r in doc["results"]] == ["ok", "ok", "ok"]
+    assert doc["parents"]["P"]["dimensions"]["tokens"]["outstanding"] == 4
+
+
+# -- every record fits the topic -----------------------------------------------------------------------------
+
+
+def test_the_largest_ledger_records_fit_a_message() -> None:
+    codec = default_codec()
+    longest = "p" * MAX_ID_BYTES
+    dims = {f"{n:0{MAX_ID_BYTES}d}": {"quantity": MAX_QUANTITY, "kind": "physical"} for n in range(MAX_DIMENSIONS)}
+    parent = model.new_parent(longest, dims, MAX_TIME_MS,
+                              {"max_live_children": MAX_CHILDREN_PER_PARENT, "reconciliation_timeout_ms": MAX_TTL_MS,
+                               "lending_limit": {dim: MAX_QUANTITY for dim in dims}})
+    parent["children"] = [f"{n:0{MAX_ID_BYTES}d}" for n in range(MAX_CHILDREN_PER_PARENT)]
+    parent["winners"] = {child_id: "a" * MAX_ID_BYTES for child_id in parent["children"]}  # a branch each
+    assert len(codec.encode("LedgerParent", parent)) < TOPIC_MAX_MESSAGE_BYTES
+    child = model.new_child(longest, longest, longest, longest, {dim: MAX_QUANTITY for dim in dims})
+    child["usage_report_ids"] = [f"{n:0{MAX_ID_BYTES}d}" for n in range(MAX_USAGE_REPORTS_PER_ATTEMPT)]
+    for field in ("consumed", "earlier_attempts_consumed", "awaiting", "escalated"):
+        child[field] = {dim: MAX_BALANCE for dim in dims}
+    child["awaiting_destination"] = {dim: "global_pool" for dim in dims}
+    assert len(codec.encode("LedgerChild", child)) < TOPIC_MAX_MESSAGE_BYTES
+
+
+def test_the_dead_letter_of_an_oversized_record_keeps_a_prefix_and_a_digest() -> None:
+    task = PartitionTask(0, MemoryStore(), default_codec(), 0)
+    original = bytes(range(256)) * 4096  # 1 MiB
+    task.dead_letter(b"k", {"source_topic": "branch-events", "partition": 0, "offset": 7, "original": original,
+                            "reason": "a record of 1048576 bytes", "line": None, "event_id": None})
+    [(topic, key, value)] = task.records
+    assert len(value) < DEAD_LETTER_ORIGINAL_BYTES + 1024
+    letter = default_codec().decode(value)[1]
+    assert letter["original"] == original[:DEAD_LETTER_ORIGINAL_BYTES]
+    assert "1048576 bytes, sha256 " in letter["reason"]
