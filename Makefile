@@ -50,7 +50,7 @@ bench: install kafka-up
 bench-quick: install kafka-up
 	$(BIN)/python bench/run.py --quick
 
-# Both replays against the live processor on the same input, side by side (issue 5: at least twice as fast).
+# Both replays against the live processor on the same input, side by side (the target: at least twice as fast).
 bench-replay: install kafka-up
 	$(BIN)/python bench/replay_ratio.py --repeat 2
 

@@ -1,4 +1,4 @@
-"""Benchmark of the fold alone, outside Kafka (issue 2). Not a test: it reports, it does not assert.
+"""Benchmark of the fold alone, outside Kafka. Not a test: it reports, it does not assert.
 
     .venv/bin/python bench/fold.py [--events 100000] [--seed 7] [--checkpoint-events 1000] [--repeat 1]
 

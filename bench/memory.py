@@ -1,4 +1,4 @@
-"""Peak RSS of `settle run` with a large ledger, alone (issue 6, memory): the memory section of bench/run.py
+"""Peak RSS of `settle run` with a large ledger, alone: the memory section of bench/run.py
 (bench/suite/memory.py) without the rest of the suite, for ledgers too large for a suite run.
 
     .venv/bin/python bench/memory.py --children 1000000 --output-dir bench/results/children-1m
@@ -88,7 +88,7 @@ def main() -> int:
     parser.add_argument("--keep-logs", action="store_true")
     args = parser.parse_args()
     started, started_wall = time.monotonic(), datetime.now(timezone.utc)
-    doc: dict = {"benchmark": "settle run peak RSS with a large ledger (issue 6)",
+    doc: dict = {"benchmark": "settle run peak RSS with a large ledger",
                  "command": " ".join([".venv/bin/python bench/memory.py", *sys.argv[1:]]),
                  "started_at": started_wall.isoformat(timespec="seconds"), "git": git_commit(), "machine": machine(),
                  "kafka": kafka_version(),

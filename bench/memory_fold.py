@@ -1,4 +1,4 @@
-"""RSS of the fold over a growing ledger, without Kafka (issue 6, memory). Not a test: it reports.
+"""RSS of the fold over a growing ledger, without Kafka. Not a test: it reports.
 
     .venv/bin/python bench/memory_fold.py --children 1000000 [--partitions 8] [--store rocks|memory]
                                           [--checkpoint-events 2000] [--tracemalloc] [--avro]

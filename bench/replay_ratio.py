@@ -1,5 +1,5 @@
-"""Replay against the live processor, side by side in one run (issue 5: "replay runs at least twice as fast
-as the live processor").
+"""Replay against the live processor, side by side in one run (the target: a replay runs at least twice as
+fast as the live processor).
 
     .venv/bin/python bench/replay_ratio.py                 # 40k generator events (bench-quick's size)
     .venv/bin/python bench/replay_ratio.py --events 100000 --repeat 2

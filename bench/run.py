@@ -1,4 +1,4 @@
-"""The benchmark suite of `settle run` against the local broker (issue 6). Not a test: it measures and
+"""The benchmark suite of `settle run` against the local broker. Not a test: it measures and
 reports; it asserts nothing.
 
     .venv/bin/python bench/run.py            # full run (make bench), about 20 minutes
@@ -210,7 +210,7 @@ def log_latency(label: str, level) -> None:
 def run(settings: Settings, work_dir: Path, command: str) -> dict:
     started, started_wall = time.monotonic(), datetime.now(timezone.utc)
     defaults = ProcessorConfig()
-    doc: dict = {"benchmark": "settle run end to end (issue 6)", "mode": settings.mode, "command": command,
+    doc: dict = {"benchmark": "settle run end to end", "mode": settings.mode, "command": command,
                  "started_at": started_wall.isoformat(timespec="seconds"), "git": git_commit(), "machine": machine(),
                  "kafka": kafka_version()}
     suite = Suite(settings, work_dir)

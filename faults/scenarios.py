@@ -1,4 +1,4 @@
-"""The scenarios against a real broker. Each one publishes the adversarial workload (faults/workload.py) to
+"""The scenarios against a real broker. Each one publishes the adversarial workload (faults/adversity.py) to
 topics of its own, runs `settle run` processes through its faults while a read_committed reader watches,
 ends with one instance owning every partition, stops it cleanly and hands everything to the verifier.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from faults import verify as verifier
 from faults.kafka_io import ContinuousReader, OwnBroker, Topics, read_partitions
 from faults.processes import COMMITTED_MARKER, LogStats, ProcessorProcess, log_stats
-from faults.workload import build, publish
+from faults.adversity import build, publish
 from branch_settlement.processors.kafka.partition import store_path
 
 GROUP = "settle"

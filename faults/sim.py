@@ -11,7 +11,7 @@ semantics), the restore consumer, the store factory (a MemoryStore per partition
 RocksDB on disk does) and the crash hook (processors.kafka.faults.crash_point raises SimCrash instead of
 exiting).
 
-A run (one seed) folds an adversarial stream (faults/workload.py: duplicates, reordering, late and stale
+A run (one seed) folds an adversarial stream (faults/adversity.py: duplicates, reordering, late and stale
 reports, malformed records) over two partitions with, chosen by the seed: crashes at every step of the commit
 sequence and in the middle of restores, crashes between folds, deleted projections, redelivered messages,
 and broker errors (failed deliveries, fenced producers, offsets that time out, retriable commit errors, commits that must abort,
@@ -40,7 +40,7 @@ from branch_settlement.processors import gc_tuning
 import branch_settlement.processors.kafka.assignment as assignment_mod
 import branch_settlement.processors.kafka.recovery as recovery_mod
 import branch_settlement.processors.kafka.restore as restore_mod
-from faults.workload import build
+from faults.adversity import build
 from branch_settlement.processors.workload import Mix
 from branch_settlement.processors.kafka.config import ProcessorConfig
 from branch_settlement.processors.kafka.metrics import Metrics
