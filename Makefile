@@ -27,10 +27,10 @@ test: install kafka-up
 test-unit: install
 	SHARED_DIR=$(SHARED) $(BIN)/pytest -m unit
 
-# The bounded exhaustive check of the fold, deeper than `make test` runs it (tests/exhaustive.py).
+# The bounded exhaustive check of the fold, deeper than `make test` runs it (tests/ledger/exhaustive.py).
 DEPTH ?= 5
 verify: install
-	$(BIN)/python -m tests.exhaustive --depth $(DEPTH)
+	$(BIN)/python -m tests.ledger.exhaustive --depth $(DEPTH)
 
 kafka-up:
 	@bash deploy/kafka.sh up

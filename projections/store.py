@@ -9,7 +9,7 @@ through to the store and buffers changes. A store only has to do three things we
   projection up to, atomically (one RocksDB WriteBatch). State and offset never disagree.
 
 `MemoryStore` is the in-memory twin used by tests, replay and benchmarks; `RocksStore` is the production
-store. tests/test_store_contract.py runs one contract suite against both.
+store. tests/projections/test_store_contract.py runs one contract suite against both.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ A generated writer takes only plain values: exactly str, int, bool, bytes, None,
 field present. On anything else (or any exception at all) it raises NotPlain and `Codec.encode` hands the record
 to fastavro, whose encoding or error it returns; so a record is encoded exactly as fastavro encodes it, whatever
 it holds. The bytes are the Avro binary encoding: zig-zag varints, length-prefixed UTF-8, a union's branch index,
-a map or an array as one block of all its items then an empty block (tests/test_fold_perf_equivalence.py compares
+a map or an array as one block of all its items then an empty block (tests/ledger/test_fold_perf_equivalence.py compares
 them with fastavro's for every schema).
 
 A generated reader decodes only bytes written by the *current* schema of a record (a history version is resolved

@@ -5,7 +5,7 @@ topic's message size.
 
 `validate` answers most events with a few C-level calls (`_plainly_valid`) and gives the rest to the full
 check (`_problem`), which also says what is wrong; both accept exactly the same events
-(tests/test_fold_perf_equivalence.py holds them to it).
+(tests/ledger/test_fold_perf_equivalence.py holds them to it).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ topic's partitions are. But the fold couples two parents only through ledger tim
 own events and by ticks, which pass the same deadlines for every parent. So `jobs` processes each fold the
 events of the parents whose id hashes to them (CRC-32 of the UTF-8 id, modulo `jobs`) and every tick, into a
 ledger of their own, and what they derive is merged back into what one fold gives, byte for byte
-(tests/test_replay_sharded.py):
+(tests/replay/test_replay_sharded.py):
 
 - a non-tick event's result and releases come from its parent's shard;
 - a tick's result is the same in every shard (same ledger time, same last tick): shard 0's is kept;

@@ -1,4 +1,4 @@
-"""The fold against the reference model (tests/reference_model.py), event by event, over seeded random
+"""The fold against the reference model (tests/ledger/reference_model.py), event by event, over seeded random
 streams of the whole event vocabulary of SPEC §4 (but borrowing): several parents with a logical (`tokens`)
 and a physical (`gpus`) dimension, short parent leases, closes while children are live, reconciling or
 awaiting confirmation, retries with and without `retry_attempt_id` from every state, speculative copies,
@@ -8,7 +8,7 @@ crossing lease and reconciliation deadlines, and crashes of the store between ch
 
 After every event the result code, every balance term of every dimension and the status of every parent, each
 child's state, attempt, generation, consumed and remainder, and the releases the event emitted are compared.
-Any failure names the seed that reproduces it: `pytest tests/test_reference_model.py -k 'seed-1234'`."""
+Any failure names the seed that reproduces it: `pytest tests/ledger/test_reference_model.py -k 'seed-1234'`."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from branch_settlement.processors.ledger.outputs import Outputs
 from branch_settlement.processors.replay.replayer import open_view
 from branch_settlement.projections.store import MemoryStore
 from branch_settlement.schemas.codec import default_codec
-from tests.reference_model import TERMS, Model
+from tests.ledger.reference_model import TERMS, Model
 
 pytestmark = pytest.mark.unit
 

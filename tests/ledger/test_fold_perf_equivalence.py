@@ -17,7 +17,7 @@ from branch_settlement.processors.workload import Generator, Mix
 from branch_settlement.projections.store import MemoryStore
 from branch_settlement.projections.view import LedgerView
 from branch_settlement.schemas import EVENT_TYPES, LEDGER_TYPES, OUTPUT_TYPES, CodecError, default_codec
-from tests.test_codec import sample, strategy
+from tests.schemas.test_codec import sample, strategy
 
 pytestmark = pytest.mark.unit
 
@@ -333,7 +333,7 @@ def test_validate_and_payload_digest_agree_on_a_realistic_workload_with_odd_valu
 
 @pytest.mark.parametrize("value", ODD_EVENT_VALUES)
 def test_every_odd_value_in_every_field_of_every_typical_event(codec, value):
-    from tests.test_codec import TYPICAL_EVENTS
+    from tests.schemas.test_codec import TYPICAL_EVENTS
 
     for event in TYPICAL_EVENTS:
         event = codec.event_from_json(event)

@@ -51,7 +51,7 @@ print(json.dumps({"forked": forked, "same_inputs": same_inputs, "same_document":
 
 def _check_aside(path: Path) -> dict:
     done = subprocess.run([sys.executable, "-c", ASIDE_CHECK, str(path)], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parent.parent, timeout=300)
+                          cwd=Path(__file__).resolve().parents[2], timeout=300)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -209,7 +209,7 @@ def test_an_export_file_replays_the_same_in_one_process_or_several(workload_file
         for flag in ("--json", None):
             done = subprocess.run([sys.executable, "-m", "branch_settlement.processors.cli.main", "replay", str(export), "--jobs", jobs,
                                    *([flag] if flag else [])], capture_output=True, text=True,
-                                  cwd=Path(__file__).resolve().parent.parent, timeout=300)
+                                  cwd=Path(__file__).resolve().parents[2], timeout=300)
             assert done.returncode == 0, done.stderr
             outputs[(jobs, flag)] = done.stdout
     assert outputs[("1", "--json")] == outputs[("3", "--json")] == expected

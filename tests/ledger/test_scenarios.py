@@ -6,7 +6,7 @@ import pytest
 
 from branch_settlement.processors.ledger.errors import InvariantViolation
 from tests.harness import T0, Ledger
-from tests.test_transitions import activated, complete, fail, fresh, reserved, usage
+from tests.ledger.test_transitions import activated, complete, fail, fresh, reserved, usage
 
 pytestmark = pytest.mark.unit
 

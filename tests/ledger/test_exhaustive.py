@@ -1,4 +1,4 @@
-"""The bounded exhaustive check (tests/exhaustive.py) at a modest depth, and proof that it fails for the
+"""The bounded exhaustive check (tests/ledger/exhaustive.py) at a modest depth, and proof that it fails for the
 right reason: a fold that forgets to move a remainder between `outstanding` and `pending` (the invariant's
 sum still holds) is caught, with the sequence that shows it. `make verify DEPTH=N` goes deeper."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from branch_settlement.processors.ledger import accounting
 from branch_settlement.projections import model
-from tests import exhaustive
+from tests.ledger import exhaustive
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ The parent has 100 `tokens` (logical) and 10 `gpus` (physical); child A reserves
 attempt A1 unless a setup says otherwise. The table's rows are checked in the order parent, attempt, state,
 generation (SPEC §5); where two rows could apply, the test says which one wins and why.
 
-The §4 retry hand-off sequences themselves are in tests/test_retry_handoff.py and are not repeated here; a
+The §4 retry hand-off sequences themselves are in tests/ledger/test_retry_handoff.py and are not repeated here; a
 hand-off is used below only to make an attempt stop holding its child."""
 
 from __future__ import annotations

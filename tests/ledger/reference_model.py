@@ -39,7 +39,7 @@ Readings of SPEC that the model takes (each from the section named):
 - §10: `duplicate`/`idempotency_conflict` come first (also for a closed parent); only applied events are
   stored; every release_key is unique.
 
-Choices SPEC leaves open, taken from the fold (tests/test_transitions.py and processors/ledger/handlers.py,
+Choices SPEC leaves open, taken from the fold (tests/ledger/test_transitions.py and processors/ledger/handlers.py,
 accounting.py, fold.py):
 - `invalid_event` for a malformed `CancelAcknowledged`/`ChildFailed` (usage and usage_uncertain both or
   neither -- a pre-activation failure may have neither --, a retry with uncertain usage or naming the

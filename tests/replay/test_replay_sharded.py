@@ -16,7 +16,7 @@ from branch_settlement.processors.workload import Generator
 
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 CHECK = """
 import io, json, sys

@@ -17,8 +17,8 @@ the same ledger, byte for byte. A start state has the parent reserved at the par
 perhaps a few events more (`STARTS`): from 'running', depth 4 already holds an expiry, a hand-off to the
 retry, its activation and its settlement.
 
-`python -m tests.exhaustive --depth N` (`make verify DEPTH=N`) prints, per start, the depth and the number of
-distinct states explored; a failure prints the sequence that reaches it.
+`python -m tests.ledger.exhaustive --depth N` (`make verify DEPTH=N`) prints, per start, the depth and the number
+of distinct states explored; a failure prints the sequence that reaches it.
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ def explore(depth: int, deterministic_every: int = 1, report=None, start_name: s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.exhaustive", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.ledger.exhaustive", description=__doc__.split("\n\n")[0])
     parser.add_argument("--depth", type=int, default=4, help="events after the start state (default 4)")
     parser.add_argument("--determinism-every", type=int, default=1, metavar="N",
                         help="apply every N-th step twice and compare the bytes (default 1: every step)")

@@ -1,0 +1,1 @@
+"""Tests of the per-parent reports (processors/audit/)."""

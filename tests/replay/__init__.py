@@ -1,0 +1,1 @@
+"""Tests of offline replay (processors/replay/)."""
