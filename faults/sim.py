@@ -1,6 +1,6 @@
-"""Deterministic simulation without Kafka: the real processor code (processors.kafka.processor.Processor's
-fold loop and checkpoint error handling, processors.kafka.checkpoint.commit_checkpoint, PartitionTask,
-processors.kafka.restore.restore, the fold, LedgerView, MemoryStore) driven against a simulated log with
+"""Deterministic simulation without Kafka: the real processor code (branch_settlement.processors.kafka: the
+Processor's fold loop, its recovery from each checkpoint failure, checkpoint.commit_checkpoint, PartitionTask,
+restore.restore; the fold, LedgerView, MemoryStore) driven against a simulated log with
 transactions, from a seed.
 
 The simulated broker keeps, per topic partition, a log of entries that are pending, committed or aborted
@@ -8,7 +8,7 @@ The simulated broker keeps, per topic partition, a log of entries that are pendi
 commits atomically with its records. Readers see committed entries below the first pending one
 (read_committed). Only the edges are simulated: the producer and consumer (fakes with Kafka's transaction
 semantics), the restore consumer, the store factory (a MemoryStore per partition that survives crashes, as
-RocksDB on disk does) and the crash hook (processors.kafka.faults.crash_point raises SimCrash instead of
+RocksDB on disk does) and the crash hook (branch_settlement.processors.kafka.faults.crash_point raises SimCrash instead of
 exiting).
 
 A run (one seed) folds an adversarial stream (faults/adversity.py: duplicates, reordering, late and stale
@@ -253,7 +253,7 @@ class FakeConsumer:
 
 
 class RestoreConsumer:
-    """What processors.kafka.restore sees of the changelog: read_committed, partition EOF at the LSO."""
+    """What the processor's restore sees of the changelog: read_committed, partition EOF at the LSO."""
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker

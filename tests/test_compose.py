@@ -88,3 +88,15 @@ def test_services_start_in_order_broker_topics_processor():
     assert SERVICES["topics"]["depends_on"] == {"kafka": {"condition": "service_healthy"}}
     assert SERVICES["processor"]["depends_on"] == {"topics": {"condition": "service_completed_successfully"}}
     assert SERVICES["topics"]["restart"] == "no"
+
+
+def test_the_image_copies_every_folder_the_package_is_built_from() -> None:
+    """The Dockerfile builds the wheel from the source folders: each one pyproject.toml maps must be copied and
+    let through the build context's ignore file, or `pip install .` fails inside the image."""
+    import tomllib
+
+    package_dirs = tomllib.loads((REPO_DIR / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    ignore = (REPO_DIR / "deploy" / "Dockerfile.dockerignore").read_text().split()
+    for folder in package_dirs.values():
+        assert f"COPY {folder} ./{folder}" in DOCKERFILE, folder
+        assert f"!{folder}/" in ignore, folder
