@@ -23,6 +23,7 @@ bytes whatever the key order of their source.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -201,7 +202,8 @@ class Codec:
         """The canonical event dict of single-object encoded `data`; CodecError if it is not an event, or larger
         than an event may be (schemas/limits.py)."""
         if len(data) > MAX_EVENT_BYTES:
-            raise CodecError(f"a record of {len(data)} bytes: an event is at most {MAX_EVENT_BYTES}")
+            raise CodecError(f"a record of {len(data)} bytes (sha256 {hashlib.sha256(data).hexdigest()}): an event "
+                             f"is at most {MAX_EVENT_BYTES}")
         if type(data) is bytes and data[:2] == SINGLE_OBJECT_MARKER:
             fast = self._fast_event_readers.get(data[2:HEADER_SIZE])
             if fast is not None:

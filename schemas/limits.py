@@ -11,10 +11,10 @@ and a child's record its usage report ids, so their counts times MAX_ID_BYTES bo
 
 # One event, as encoded on the input topic (Avro) or as one JSON line: larger is a dead letter.
 MAX_EVENT_BYTES = 64 * 1024
-# Ids (event, idempotency key, parent, child, branch, attempt, usage report, dimension names), in UTF-8 bytes.
+# Ids (event, parent, child, branch, attempt, usage report, dimension names), in UTF-8 bytes.
 MAX_ID_BYTES = 200
-# Free text (a skip's, failure's, cancel's or adjustment's reason), in UTF-8 bytes.
-MAX_TEXT_BYTES = 1024
+# An idempotency key (SPEC builds a child's from four parts, each an id) and a record's Kafka key.
+MAX_KEY_BYTES = 1024
 # Dimensions in one capacity, quantities, usage or lending-limit map.
 MAX_DIMENSIONS = 32
 # One quantity (capacity, reservation, usage, lending limit).
@@ -28,5 +28,6 @@ MAX_CHILDREN_PER_PARENT = 1024
 MAX_USAGE_REPORTS_PER_ATTEMPT = 1024
 # No balance term and no child's consumption may grow beyond this: int64 with headroom.
 MAX_BALANCE = 2**62
-# The part of an undecodable record kept in its dead letter; the rest is named by its size and digest.
-DEAD_LETTER_ORIGINAL_BYTES = 16 * 1024
+# The part of an undecodable record kept in its dead letter: a larger record is refused for its size, and the
+# reason names its size and digest.
+DEAD_LETTER_ORIGINAL_BYTES = MAX_EVENT_BYTES

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -14,7 +13,7 @@ from branch_settlement.projections.store import RocksStore
 from branch_settlement.projections.view import LedgerView
 from branch_settlement.schemas.codec import Codec
 from branch_settlement.processors.kafka.errors import ProjectionsNotFound
-from branch_settlement.schemas.limits import DEAD_LETTER_ORIGINAL_BYTES
+from branch_settlement.schemas.limits import DEAD_LETTER_ORIGINAL_BYTES, MAX_KEY_BYTES
 
 # The next input offset the projection covers: written with every checkpoint's ledger changes, in the
 # changelog and in the store, so a restore knows when it has caught up with the committed offsets.
@@ -103,13 +102,12 @@ class PartitionTask:
         return result
 
     def dead_letter(self, key: bytes | None, letter: dict) -> None:
-        original = letter["original"]
-        if len(original) > DEAD_LETTER_ORIGINAL_BYTES:
-            # An oversized record's dead letter must still fit the topic: its head, its size and its digest.
-            letter = dict(letter, original=original[:DEAD_LETTER_ORIGINAL_BYTES],
-                          reason=f"{letter['reason']} (the record is {len(original)} bytes, sha256 "
-                                 f"{hashlib.sha256(original).hexdigest()}; its first {DEAD_LETTER_ORIGINAL_BYTES} "
-                                 "are kept here)")
+        # An oversized record's dead letter must still fit the topic: its head (the reason the codec gave names
+        # its size and digest), under a key of bounded size.
+        if len(letter["original"]) > DEAD_LETTER_ORIGINAL_BYTES:
+            letter = dict(letter, original=letter["original"][:DEAD_LETTER_ORIGINAL_BYTES])
+        if key is not None and len(key) > MAX_KEY_BYTES:
+            key = key[:MAX_KEY_BYTES]
         self.records.append((DEAD_LETTER_TOPIC, key, self.codec.encode("DeadLetter", letter)))
         self.dead_letters += 1
 

@@ -12,8 +12,6 @@ from branch_settlement.projections import model
 from branch_settlement.projections.view import LedgerView
 from branch_settlement.schemas.limits import MAX_BALANCE, MAX_CHILDREN_PER_PARENT, MAX_USAGE_REPORTS_PER_ATTEMPT
 
-SETTLING_REPORTS = ("UsageReported", "ChildCompleted", "CancelAcknowledged", "ChildFailed")
-
 
 class Reject(Exception):
     """An expected rejection: becomes the event's result code. Raised before any change is made."""
@@ -291,7 +289,7 @@ def usage_reported(ctx: EventContext, view: LedgerView) -> None:
     parent, child = _report_target(ctx, view)
     if event["usage_report_id"] in child["usage_report_ids"]:
         raise Reject(results.DUPLICATE_USAGE_REPORT, f"usage report {event['usage_report_id']!r} was already counted")
-    if len(child["usage_report_ids"]) >= MAX_USAGE_REPORTS_PER_ATTEMPT:
+    if len(child["usage_report_ids"]) >= MAX_USAGE_REPORTS_PER_ATTEMPT and not event["final"]:
         raise Reject(results.LIMIT_EXCEEDED, f"an attempt has at most {MAX_USAGE_REPORTS_PER_ATTEMPT} usage "
                                              "reports: report the total in its completion")
     _check_headroom(parent, child, event["usage"])
@@ -429,8 +427,8 @@ def speculative_winner(ctx: EventContext, view: LedgerView) -> None:
     if not winners:
         raise Reject(results.UNKNOWN_CHILD, f"no child of branch {branch_id!r} is held by attempt {winner_id!r}")
     if any(c["state"] == model.STRANDED for c in winners):
-        # SPEC §5: a stranded child takes no event but an operator's resolution; a winner whose outcome is
-        # unknown must not have its live siblings cancelled either.
+        # SPEC §5: a stranded child takes no event but an operator's resolution, so it cannot be named a winner
+        # either (its siblings are not asked to cancel for an attempt whose outcome only an operator can settle).
         raise Reject(results.INVALID_TRANSITION, f"the winning attempt {winner_id!r} holds a stranded child")
     named = parent["winners"].get(branch_id)
     if named is not None and named != winner_id:

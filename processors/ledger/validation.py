@@ -14,7 +14,7 @@ import operator
 
 from branch_settlement.projections import model
 from branch_settlement.schemas.limits import (MAX_CHILDREN_PER_PARENT, MAX_DIMENSIONS, MAX_ID_BYTES,
-                                              MAX_LEASE_GENERATION, MAX_QUANTITY, MAX_TEXT_BYTES, MAX_TIME_MS,
+                                              MAX_KEY_BYTES, MAX_LEASE_GENERATION, MAX_QUANTITY, MAX_TIME_MS,
                                               MAX_TTL_MS)
 
 # The ids an event of each type names besides event_id, idempotency_key and parent_id.
@@ -39,7 +39,6 @@ ID_FIELDS = {
 }
 QUANTITY_FIELDS = ("quantities", "usage")
 TTL_FIELDS = ("lease_ttl_ms",)
-TEXT_FIELDS = ("reason",)
 PARENT_OUTCOMES = frozenset({"succeeded", "failed", "cancelled"})
 OUTCOME_EVENTS = frozenset({"CancelAcknowledged", "ChildFailed"})
 RESOLUTIONS = frozenset({"late_report", "operator"})
@@ -50,12 +49,12 @@ def _utf8_size(value: str) -> int:
     return len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
 
 
-def _bad_id(value) -> bool:
-    return type(value) is not str or not value or "\x00" in value or _utf8_size(value) > MAX_ID_BYTES
+def _bad_id(value, limit: int = MAX_ID_BYTES) -> bool:
+    return type(value) is not str or not value or "\x00" in value or _utf8_size(value) > limit
 
 
-def _id_problem(field: str) -> str:
-    return f"{field} must be non-empty, contain no NUL and take at most {MAX_ID_BYTES} bytes of UTF-8"
+def _id_problem(field: str, limit: int = MAX_ID_BYTES) -> str:
+    return f"{field} must be non-empty, contain no NUL and take at most {limit} bytes of UTF-8"
 
 
 def _bad_quantities(quantities) -> str | None:
@@ -80,7 +79,7 @@ def validate(event: dict) -> str | None:
 
 
 # The ids every event of a type must have, fetched in one call (Tick and ParentReserved take the full check).
-_IDS = {etype: operator.itemgetter("event_id", "idempotency_key", "parent_id", *fields)
+_IDS = {etype: operator.itemgetter("event_id", "parent_id", *fields)
         for etype, fields in ID_FIELDS.items() if etype not in ("Tick", "ParentReserved")}
 
 
@@ -93,6 +92,9 @@ def _plainly_valid(event: dict) -> bool:
     for value in ids(event):
         if type(value) is not str or not value or len(value) > MAX_ID_BYTES or not value.isascii() or "\x00" in value:
             return False
+    key = event["idempotency_key"]
+    if type(key) is not str or not key or len(key) > MAX_KEY_BYTES or not key.isascii() or "\x00" in key:
+        return False
     for field in QUANTITY_FIELDS:
         quantities = event.get(field)
         if quantities:
@@ -104,9 +106,6 @@ def _plainly_valid(event: dict) -> bool:
                     return False
     for field in TTL_FIELDS:
         if field in event and not 0 < event[field] <= MAX_TTL_MS:
-            return False
-    for field in TEXT_FIELDS:
-        if field in event and (type(event[field]) is not str or len(event[field]) * 4 > MAX_TEXT_BYTES):
             return False
     if not 0 <= event.get("lease_generation", 0) <= MAX_LEASE_GENERATION:
         return False
@@ -125,8 +124,10 @@ def _problem(event: dict) -> str | None:
     etype = event["type"]
     if etype not in ID_FIELDS:
         return f"unknown event type {etype!r}"
-    if _bad_id(event["event_id"]) or _bad_id(event["idempotency_key"]):
-        return _id_problem("event_id and idempotency_key")
+    if _bad_id(event["event_id"]):
+        return _id_problem("event_id")
+    if _bad_id(event["idempotency_key"], MAX_KEY_BYTES):
+        return _id_problem("idempotency_key", MAX_KEY_BYTES)
     if etype == "Tick":
         if event["parent_id"]:
             return "a Tick belongs to a partition: parent_id must be empty"
@@ -145,9 +146,6 @@ def _problem(event: dict) -> str | None:
     for field in TTL_FIELDS:
         if field in event and not 0 < event[field] <= MAX_TTL_MS:
             return f"{field} must be from 1 to {MAX_TTL_MS}"
-    for field in TEXT_FIELDS:
-        if field in event and (type(event[field]) is not str or _utf8_size(event[field]) > MAX_TEXT_BYTES):
-            return f"{field} must be text of at most {MAX_TEXT_BYTES} bytes of UTF-8"
     if not 0 <= event.get("lease_generation", 0) <= MAX_LEASE_GENERATION:
         return f"lease_generation must be from 0 to {MAX_LEASE_GENERATION}"
     if etype == "ParentReserved":
@@ -174,10 +172,10 @@ def _outcome_problem(event: dict) -> str | None:
             return "a cancel acknowledgement needs usage or usage_uncertain"
         if event["activated"]:
             return "a failure after activation needs usage or usage_uncertain"
-    retry = event.get("retry_attempt_id")
-    if retry is not None and uncertain:
+    retry = event.get("retry_attempt_id")  # absent or empty: no retry keeps the capacity
+    if retry and uncertain:
         return "a retry can keep the capacity only when the usage is known"
-    if retry is not None and _bad_id(retry):
+    if retry and _bad_id(retry):
         return _id_problem("retry_attempt_id")
     if retry == event["attempt_id"]:
         return "retry_attempt_id names the failing attempt itself"

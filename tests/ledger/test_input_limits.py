@@ -17,8 +17,8 @@ from branch_settlement.projections.store import MemoryStore
 from branch_settlement.schemas.codec import default_codec
 from branch_settlement.schemas.errors import CodecError
 from branch_settlement.schemas.limits import (DEAD_LETTER_ORIGINAL_BYTES, MAX_BALANCE, MAX_CHILDREN_PER_PARENT,
-                                              MAX_DIMENSIONS, MAX_EVENT_BYTES, MAX_ID_BYTES, MAX_LEASE_GENERATION,
-                                              MAX_QUANTITY, MAX_TEXT_BYTES, MAX_TIME_MS, MAX_TTL_MS,
+                                              MAX_DIMENSIONS, MAX_EVENT_BYTES, MAX_ID_BYTES, MAX_KEY_BYTES,
+                                              MAX_LEASE_GENERATION, MAX_QUANTITY, MAX_TIME_MS, MAX_TTL_MS,
                                               MAX_USAGE_REPORTS_PER_ATTEMPT)
 from tests.harness import T0, Ledger
 
@@ -62,6 +62,30 @@ def test_an_id_at_its_limit_is_valid() -> None:
     assert L.reserve("é" * (MAX_ID_BYTES // 2), attempt="a" * MAX_ID_BYTES, branch="b" * MAX_ID_BYTES) == "ok"
 
 
+def test_an_idempotency_key_made_of_four_ids_at_their_limit_is_valid() -> None:
+    """SPEC builds a child event's key as parent/child/attempt/version: its limit is a few ids long."""
+    L = running()
+    key = "/".join(["p" * MAX_ID_BYTES, "c" * MAX_ID_BYTES, "a" * MAX_ID_BYTES, "1"])
+    assert L.send("CancelRequested", key=key, child_id="A", attempt_id="A1", reason="r") == "ok"
+    assert L.send("CancelRequested", key="k" * (MAX_KEY_BYTES + 1), child_id="A", attempt_id="A1",
+                  reason="r") == "invalid_event"
+
+
+def test_a_long_reason_does_not_lose_the_settlement() -> None:
+    """A failure's reason may be a stack trace: the event's size bounds it, and the confirmed usage settles."""
+    L = running()
+    assert L.send("ChildFailed", child_id="A", attempt_id="A1", lease_generation=1, activated=True,
+                  usage={"tokens": 3}, reason="Traceback ...\n" * 2_000) == "ok"
+    assert L.balance()["committed"] == 3
+
+
+def test_an_empty_retry_attempt_means_no_retry() -> None:
+    L = running()
+    assert L.send("ChildFailed", child_id="A", attempt_id="A1", lease_generation=1, activated=True,
+                  usage={"tokens": 3}, reason="boom", retry_attempt_id="") == "ok"
+    assert L.state("A") == "released"
+
+
 @pytest.mark.parametrize("etype,fields,detail", [
     ("UsageReported", dict(child_id="A", attempt_id="A1", lease_generation=1, usage_report_id="r",
                            usage={"tokens": MAX_QUANTITY + 1}), "quantity must be an integer from 0"),
@@ -69,7 +93,6 @@ def test_an_id_at_its_limit_is_valid() -> None:
      "lease_ttl_ms"),
     ("LeaseRenewed", dict(child_id="A", attempt_id="A1", lease_generation=MAX_LEASE_GENERATION + 1,
                           lease_ttl_ms=1), "lease_generation"),
-    ("ChildSkipped", dict(child_id="A", attempt_id="A1", reason="r" * (MAX_TEXT_BYTES + 1)), "reason"),
     ("UsageReported", dict(child_id="A", attempt_id="A1", lease_generation=1, usage_report_id="r",
                            usage={f"d{i}": 0 for i in range(MAX_DIMENSIONS + 1)}), "dimensions, at most"),
 ])
@@ -122,8 +145,8 @@ def test_an_attempt_takes_at_most_its_limit_of_usage_reports() -> None:
                       usage={"tokens": 0}) == "ok"
     assert L.send("UsageReported", child_id="A", attempt_id="A1", lease_generation=1, usage_report_id="last",
                   usage={"tokens": 1}) == "limit_exceeded"
-    assert L.send("ChildCompleted", child_id="A", attempt_id="A1", lease_generation=1,
-                  usage={"tokens": 4}) == "ok"  # the total still settles it
+    assert L.send("UsageReported", child_id="A", attempt_id="A1", lease_generation=1, usage_report_id="final",
+                  usage={"tokens": 4}, final=True) == "ok"  # a final report still settles it
     assert L.balance()["committed"] == 4
 
 
@@ -239,13 +262,18 @@ def test_the_largest_ledger_records_fit_a_message() -> None:
     assert len(codec.encode("LedgerChild", child)) < TOPIC_MAX_MESSAGE_BYTES
 
 
-def test_the_dead_letter_of_an_oversized_record_keeps_a_prefix_and_a_digest() -> None:
-    task = PartitionTask(0, MemoryStore(), default_codec(), 0)
+def test_the_dead_letter_of_an_oversized_record_keeps_its_head_and_a_bounded_key() -> None:
+    codec = default_codec()
     original = bytes(range(256)) * 4096  # 1 MiB
-    task.dead_letter(b"k", {"source_topic": "branch-events", "partition": 0, "offset": 7, "original": original,
-                            "reason": "a record of 1048576 bytes", "line": None, "event_id": None})
+    with pytest.raises(CodecError) as refused:
+        codec.decode_event(original)
+    assert "1048576 bytes (sha256 " in str(refused.value)  # the reason names what the dead letter cannot keep
+    task = PartitionTask(0, MemoryStore(), codec, 0)
+    task.dead_letter(b"k" * 100_000, {"source_topic": "branch-events", "partition": 0, "offset": 7,
+                                      "original": original, "reason": str(refused.value), "line": None,
+                                      "event_id": None})
     [(topic, key, value)] = task.records
-    assert len(value) < DEAD_LETTER_ORIGINAL_BYTES + 1024
-    letter = default_codec().decode(value)[1]
+    assert len(value) < DEAD_LETTER_ORIGINAL_BYTES + 1024 and len(key) == MAX_KEY_BYTES
+    letter = codec.decode(value)[1]
     assert letter["original"] == original[:DEAD_LETTER_ORIGINAL_BYTES]
-    assert "1048576 bytes, sha256 " in letter["reason"]
+    assert letter["reason"] == str(refused.value)  # as a re-fold derives it: the cross-check agrees

@@ -1,0 +1,95 @@
+"""Hostile records on the real broker: each gets a dead letter or a result, no partition stops or wedges, the
+good events after them settle, and other parents' balances are what they would be without them.
+
+The records: an undecodable record of 900 KB (its dead letter must still fit the topic), a valid event whose id
+makes it 900 KB (refused at decode, not folded into outputs too large to produce), a varint beyond 64 bits
+(fastavro would have wrapped it around to a small quantity), a usage at the limit of a quantity repeated past
+the balance headroom, an id beyond its size, a TTL that would have set a time bomb."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from branch_settlement.schemas.codec import default_codec
+from branch_settlement.schemas.limits import DEAD_LETTER_ORIGINAL_BYTES, MAX_ID_BYTES, MAX_QUANTITY, MAX_TTL_MS
+from tests.kafka.pipeline import ProcessorProcess, read_partitions, wait_for_results
+
+pytestmark = pytest.mark.kafka
+
+POLICY = {"max_live_children": 4, "reconciliation_timeout_ms": 600_000, "lending_limit": {}}
+
+
+def event(etype: str, parent_id: str, key: str, **fields) -> dict:
+    return default_codec().event_from_json({"type": etype, "event_id": key, "idempotency_key": key,
+                                            "parent_id": parent_id, "occurred_at_ms": int(time.time() * 1000),
+                                            **fields})
+
+
+def test_hostile_records_neither_stop_nor_wedge_nor_corrupt(kafka_topics, tmp_path: Path) -> None:
+    codec = default_codec()
+    topic = kafka_topics.name("branch-events")
+    producer = Producer({"bootstrap.servers": kafka_topics.bootstrap_servers, "partitioner": "murmur2_random",
+                         "message.max.bytes": 1_000_000})
+
+    def send(value: bytes, key: str = "P") -> None:
+        producer.produce(topic, value=value, key=key.encode())
+
+    def send_event(e: dict) -> None:
+        send(codec.encode_event(e), e["parent_id"] or "P")
+
+    send_event(event("ParentReserved", "P", "P/p", capacity={"tokens": {"quantity": 100, "kind": "logical"}},
+                     lease_ttl_ms=3_600_000, policy=POLICY))
+    send_event(event("ChildReserved", "P", "P/A", child_id="A", branch_id="A", attempt_id="A1",
+                     quantities={"tokens": 20}))
+    hostile = 0
+    send(b"\xc3\x01" + b"\xff" * 900_000)  # undecodable, 900 KB
+    hostile += 1
+    send(codec.encode_event(event("ChildReserved", "P", "P/big", child_id="B" * 900_000, branch_id="B",
+                                  attempt_id="B1", quantities={"tokens": 1})))  # valid Avro, far too large
+    hostile += 1
+    good = codec.encode_event(event("ChildReserved", "P", "P/wrap", child_id="W", branch_id="W", attempt_id="W1",
+                                    quantities={"tokens": 5}))
+    at = good.rindex(bytes([10]))  # zigzag(5), the record's last value
+    send(good[:at] + b"\x8a\x80\x80\x80\x80\x80\x80\x80\x80\x80\x02" + good[at + 1:])  # a varint of 2**64 + 5
+    hostile += 1
+    results_expected = 2  # the parent and child A
+    for e in (event("ChildReserved", "P", "P/long-id", child_id="L" * (MAX_ID_BYTES + 1), branch_id="L",
+                    attempt_id="L1", quantities={"tokens": 1}),
+              event("ChildActivated", "P", "P/bomb", child_id="A", attempt_id="A1", lease_generation=1,
+                    lease_ttl_ms=MAX_TTL_MS + 1),
+              event("ChildActivated", "P", "P/A/a", child_id="A", attempt_id="A1", lease_generation=1,
+                    lease_ttl_ms=3_600_000),
+              event("ChildCompleted", "P", "P/A/c", child_id="A", attempt_id="A1", lease_generation=1,
+                    usage={"tokens": 12}),
+              event("UsageAdjustment", "P", "P/A/adj", child_id="A", attempt_id="A1",
+                    usage={"tokens": MAX_QUANTITY}, reason="an invoice far beyond the parent")):
+        send_event(e)
+        results_expected += 1
+    producer.flush(30)
+    proc = ProcessorProcess(kafka_topics, tmp_path / "state", tmp_path / "run.log", slot="a", group="g")
+    try:
+        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, results_expected, 120, procs=[proc])
+        results = [r for recs in read_partitions(kafka_topics.bootstrap_servers,
+                                                 kafka_topics.name("settlement-results")).values() for _, _, r in recs]
+        by_key = {r["idempotency_key"]: r for r in results}
+        assert by_key["P/long-id"]["result"] == "invalid_event"
+        assert by_key["P/bomb"]["result"] == "invalid_event"
+        assert by_key["P/A/c"]["result"] == "ok"
+        assert by_key["P/A/adj"]["result"] == "overdrawn"
+        dead = [r for recs in read_partitions(kafka_topics.bootstrap_servers,
+                                              kafka_topics.name("branch-events-dlq")).values() for _, _, r in recs]
+        assert len(dead) == hostile, [d["reason"][:120] for d in dead]
+        reasons = " | ".join(d["reason"] for d in dead)
+        assert "an event is at most" in reasons and "beyond the 64 bits" in reasons and "sha256" in reasons
+        assert all(len(d["original"]) <= DEAD_LETTER_ORIGINAL_BYTES for d in dead)
+        releases = [r for recs in read_partitions(kafka_topics.bootstrap_servers,
+                                                  kafka_topics.name("capacity-releases")).values()
+                    for _, _, r in recs if "release_key" in r]
+        assert [(r["child_id"], r["quantity"], r["destination"]) for r in releases] == [("A", 8, "parent")]
+        assert "STOPPED" not in proc.output()
+    finally:
+        assert proc.stop() == 0, proc.output()[-3000:]
