@@ -121,6 +121,14 @@ def remainder(child: dict, dim: str) -> int:
     return left if left > 0 else 0
 
 
+def consumed_by_all_attempts(child: dict) -> dict[str, int]:
+    """What every attempt of the child consumed: the holder's `consumed` and what the attempts that handed it to a
+    retry had (`earlier_attempts_consumed`)."""
+    earlier = child["earlier_attempts_consumed"]
+    consumed = child["consumed"]
+    return {dim: consumed.get(dim, 0) + earlier.get(dim, 0) for dim in consumed.keys() | earlier.keys()}
+
+
 def holding_term(state: str) -> str | None:
     """The balance term in which a child in `state` holds its remainder."""
     if state in LIVE_STATES:

@@ -44,7 +44,7 @@ class _Child:
     def __init__(self, child: dict, new: bool) -> None:
         self.reserved_first = dict(child["reserved"]) if new else None  # None: created before the auditor
         self.held: dict[str, int] = dict(child["reserved"]) if new else _held(child)
-        self.consumed: dict[str, int] = {} if new else _consumed(child)
+        self.consumed: dict[str, int] = {} if new else model.consumed_by_all_attempts(child)
         self.released: dict[str, int] = {}
 
 
@@ -138,7 +138,7 @@ class LedgerAuditor:
                     and result["result"] in _RESULT_OK
                 seen = self._children[(parent_id, child["child_id"])] = _Child(child, watched and new)
             problems.extend(self._conservation(seen, child, child_releases))
-            for dim, quantity in _consumed(child).items():
+            for dim, quantity in model.consumed_by_all_attempts(child).items():
                 committed[dim] = committed.get(dim, 0) + quantity
         derived = model.held_by_children(parent, children)
         for dim, balance in parent["dimensions"].items():
@@ -155,7 +155,7 @@ class LedgerAuditor:
     def _conservation(seen: _Child, child: dict, child_releases: dict[tuple[str, str], int]) -> list[tuple[str, str]]:
         """What the child held before the event = what it holds now + what the event released from it + at most
         what the event committed of it."""
-        consumed_now = _consumed(child)
+        consumed_now = model.consumed_by_all_attempts(child)
         held_now = _held(child)
         child_id = child["child_id"]
         problems = []
@@ -194,13 +194,6 @@ class LedgerAuditor:
         elif parent_id in settled_now:
             problems.append(("*", f"ParentSettled emitted while the parent is {parent['status']}"))
         return problems
-
-
-def _consumed(child: dict) -> dict[str, int]:
-    """All the child's attempts have consumed: the holder's `consumed` and what the attempts that handed it
-    to a retry had."""
-    earlier = child["earlier_attempts_consumed"]
-    return {dim: child["consumed"].get(dim, 0) + earlier.get(dim, 0) for dim in set(child["consumed"]) | set(earlier)}
 
 
 def _held(child: dict) -> dict[str, int]:

@@ -114,18 +114,16 @@ def _adopt_report(ctx: EventContext, view: LedgerView, parent: dict, child: dict
         accounting.set_state(ctx, view, parent, child, new_state, "implied activation")
 
 
-def _check_headroom(parent: dict, child: dict, usage: dict | None) -> None:
-    """Committing `usage` (an upper bound of what the event commits) keeps every term it grows, and the
-    child's consumption, within MAX_BALANCE: far inside int64, so no sum the fold computes can overflow."""
+def _check_headroom(parent: dict, usage: dict | None) -> None:
+    """Committing `usage` (an upper bound of what the event commits) keeps every term it grows within
+    MAX_BALANCE, far inside int64, so no sum the fold computes can overflow: `committed`, and `overdrawn` with
+    every other term (they add up to capacity + overdrawn); a child's consumption is part of `committed`."""
     if not usage:
         return
     dims = parent["dimensions"]
-    earlier = child["earlier_attempts_consumed"]
     for dim, quantity in usage.items():
         balance = dims[dim]
-        grown = max(balance["committed"], balance["capacity"] + balance["overdrawn"],
-                    child["consumed"].get(dim, 0) + earlier.get(dim, 0))
-        if grown + quantity > MAX_BALANCE:
+        if max(balance["committed"], balance["capacity"] + balance["overdrawn"]) + quantity > MAX_BALANCE:
             raise Reject(results.LIMIT_EXCEEDED, f"{dim}: committing {quantity} would take the ledger past "
                                                  f"{MAX_BALANCE}")
 
@@ -292,7 +290,7 @@ def usage_reported(ctx: EventContext, view: LedgerView) -> None:
     if len(child["usage_report_ids"]) >= MAX_USAGE_REPORTS_PER_ATTEMPT and not event["final"]:
         raise Reject(results.LIMIT_EXCEEDED, f"an attempt has at most {MAX_USAGE_REPORTS_PER_ATTEMPT} usage "
                                              "reports: report the total in its completion")
-    _check_headroom(parent, child, event["usage"])
+    _check_headroom(parent, event["usage"])
     _adopt_report(ctx, view, parent, child, proves_execution=True)
     child["usage_report_ids"].append(event["usage_report_id"])
     accounting.commit_usage(ctx, view, parent, child, event["usage"])
@@ -304,7 +302,7 @@ def usage_reported(ctx: EventContext, view: LedgerView) -> None:
 
 def child_completed(ctx: EventContext, view: LedgerView) -> None:
     parent, child = _report_target(ctx, view)
-    _check_headroom(parent, child, ctx.event["usage"])
+    _check_headroom(parent, ctx.event["usage"])
     _adopt_report(ctx, view, parent, child, proves_execution=True)
     accounting.settle(ctx, view, parent, child, ctx.event["usage"], "completed")
 
@@ -313,7 +311,7 @@ def _settle_outcome(ctx: EventContext, view: LedgerView, parent: dict, child: di
                     reason: str, note: str = "") -> None:
     """Known usage settles (or hands the remainder to a retry); unknown usage goes to reconciliation."""
     event = ctx.event
-    _check_headroom(parent, child, usage)
+    _check_headroom(parent, usage)
     # A failure that says the attempt ran is taken at its word (SPEC §4), whatever its usage: once the child
     # counts as activated, a later "never started" can no longer release it.
     _adopt_report(ctx, view, parent, child, proves_execution=event.get("activated", False) or _positive(usage))
@@ -379,7 +377,7 @@ def reconciliation_resolved(ctx: EventContext, view: LedgerView) -> None:
         raise Reject(results.ALREADY_SETTLED, f"child {child['child_id']!r} is {child['state']}")
     if child["state"] not in model.PENDING_STATES:
         raise Reject(results.INVALID_TRANSITION, f"child is {child['state']}, not in reconciliation")
-    _check_headroom(parent, child, event["usage"])
+    _check_headroom(parent, event["usage"])
     accounting.settle(ctx, view, parent, child, event["usage"], "reconciliation_resolved", event["resolution"])
 
 
@@ -392,7 +390,7 @@ def usage_adjustment(ctx: EventContext, view: LedgerView) -> None:
     if child["state"] not in model.SETTLED_STATES:
         raise Reject(results.INVALID_TRANSITION, f"child is {child['state']}: adjust only after settlement, "
                                            "report usage before it")
-    _check_headroom(parent, child, event["usage"])
+    _check_headroom(parent, event["usage"])
     accounting.commit_usage(ctx, view, parent, child, event["usage"])
 
 
