@@ -71,19 +71,30 @@ def _check_attempt(ctx: EventContext, parent: dict, child: dict, attempt_id: str
                         f"(held by {child['attempt_id']!r})")
 
 
+def _held_child(ctx: EventContext, view: LedgerView, attempt_field: str = "attempt_id",
+                usage_field: str | None = None) -> tuple[dict, dict]:
+    """The checks every event about one child starts with, in SPEC §5's order: its parent (known, not
+    closed), the child (known), the dimensions its usage names, the attempt that holds it, and that it is not
+    settled yet. Returns (parent, child)."""
+    event = ctx.event
+    parent = _parent(ctx, view)
+    child = _child(view, parent, event["child_id"])
+    if usage_field is not None:
+        _check_dimensions(parent, event.get(usage_field), usage_field)
+    _check_attempt(ctx, parent, child, event[attempt_field])
+    if child["state"] in model.SETTLED_STATES:
+        raise Reject(results.ALREADY_SETTLED, f"child {child['child_id']!r} is {child['state']}")
+    return parent, child
+
+
 def _report_target(ctx: EventContext, view: LedgerView,
                    enters_reconciliation: Callable[[dict], bool] | None = None) -> tuple[dict, dict]:
     """Common checks of a usage or outcome report from an executor, in SPEC §5's order (parent, attempt,
     state, generation); returns (parent, child). `enters_reconciliation(child)` says whether the report
     would send the child to reconciliation, which a child already there refuses."""
     event = ctx.event
-    parent = _parent(ctx, view)
-    child = _child(view, parent, event["child_id"])
-    _check_dimensions(parent, event.get("usage"), "usage")
-    _check_attempt(ctx, parent, child, event["attempt_id"])
+    parent, child = _held_child(ctx, view, usage_field="usage")
     state = child["state"]
-    if state in model.SETTLED_STATES:
-        raise Reject(results.ALREADY_SETTLED, f"child {child['child_id']!r} is {state}")
     if state == model.STRANDED:
         raise _escalate(ctx, parent, child, results.INVALID_TRANSITION,
                         "child is stranded: only an operator's ReconciliationResolved settles it")
@@ -242,12 +253,8 @@ def _start_lease(ctx: EventContext, view: LedgerView, parent: dict, child: dict,
 
 def lease_renewed(ctx: EventContext, view: LedgerView) -> None:
     event = ctx.event
-    parent = _parent(ctx, view)
-    child = _child(view, parent, event["child_id"])
-    _check_attempt(ctx, parent, child, event["attempt_id"])
+    parent, child = _held_child(ctx, view)
     state = child["state"]
-    if state in model.SETTLED_STATES:
-        raise Reject(results.ALREADY_SETTLED, f"child {child['child_id']!r} is {state}")
     if state in model.PENDING_STATES:
         raise Reject(results.INVALID_TRANSITION, f"the lease already ended: child is {state}")
     if not child["activated"]:
@@ -265,11 +272,7 @@ def lease_renewed(ctx: EventContext, view: LedgerView) -> None:
 
 def reservation_transferred(ctx: EventContext, view: LedgerView) -> None:
     event = ctx.event
-    parent = _parent(ctx, view)
-    child = _child(view, parent, event["child_id"])
-    _check_attempt(ctx, parent, child, event["from_attempt_id"])
-    if child["state"] in model.SETTLED_STATES:
-        raise Reject(results.ALREADY_SETTLED, f"child {child['child_id']!r} is {child['state']}")
+    parent, child = _held_child(ctx, view, attempt_field="from_attempt_id")
     if child["state"] != model.RESERVED or child["activated"]:
         raise Reject(results.INVALID_TRANSITION, f"only a never-activated reserved child can be transferred "
                                            f"(child is {child['state']})")
@@ -327,12 +330,8 @@ def _settle_outcome(ctx: EventContext, view: LedgerView, parent: dict, child: di
 
 def cancel_requested(ctx: EventContext, view: LedgerView) -> None:
     event = ctx.event
-    parent = _parent(ctx, view)
-    child = _child(view, parent, event["child_id"])
-    _check_attempt(ctx, parent, child, event["attempt_id"])
+    parent, child = _held_child(ctx, view)
     state = child["state"]
-    if state in model.SETTLED_STATES:
-        raise Reject(results.ALREADY_SETTLED, f"child {child['child_id']!r} is {state}")
     if state in model.PENDING_STATES:
         raise Reject(results.INVALID_TRANSITION, f"child is in reconciliation ({state}): nothing to cancel")
     if state == model.CANCEL_REQUESTED:
@@ -369,12 +368,7 @@ def _failure_is_uncertain(event: dict, child: dict) -> bool:
 
 def reconciliation_resolved(ctx: EventContext, view: LedgerView) -> None:
     event = ctx.event
-    parent = _parent(ctx, view)
-    child = _child(view, parent, event["child_id"])
-    _check_dimensions(parent, event["usage"], "usage")
-    _check_attempt(ctx, parent, child, event["attempt_id"])
-    if child["state"] in model.SETTLED_STATES:
-        raise Reject(results.ALREADY_SETTLED, f"child {child['child_id']!r} is {child['state']}")
+    parent, child = _held_child(ctx, view, usage_field="usage")
     if child["state"] not in model.PENDING_STATES:
         raise Reject(results.INVALID_TRANSITION, f"child is {child['state']}, not in reconciliation")
     _check_headroom(parent, event["usage"])
@@ -449,12 +443,8 @@ def speculative_winner(ctx: EventContext, view: LedgerView) -> None:
 
 def child_skipped(ctx: EventContext, view: LedgerView) -> None:
     event = ctx.event
-    parent = _parent(ctx, view)
-    child = _child(view, parent, event["child_id"])
-    _check_attempt(ctx, parent, child, event["attempt_id"])
+    parent, child = _held_child(ctx, view)
     state = child["state"]
-    if state in model.SETTLED_STATES:
-        raise Reject(results.ALREADY_SETTLED, f"child {child['child_id']!r} is {state}")
     if child["activated"] or state in model.PENDING_STATES:
         raise Reject(results.INVALID_TRANSITION, "a skip is only valid before activation; report the outcome instead")
     accounting.release_remainder(ctx, view, parent, child, "skipped")
