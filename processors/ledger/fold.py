@@ -179,7 +179,7 @@ class Fold:
             if stored["payload_digest"] == digest:
                 return results.DUPLICATE, f"original event {stored['event_id']} had result {stored['result']}"
             return results.IDEMPOTENCY_CONFLICT, (f"key {key!r} was used by event {stored['event_id']} "
-                                            f"({stored['event_type']}) with another payload")
+                                                  f"({stored['event_type']}) with another payload")
         try:
             HANDLERS[event["type"]](ctx, self.view)
         except Reject as rejection:

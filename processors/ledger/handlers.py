@@ -207,7 +207,7 @@ def child_reserved(ctx: EventContext, view: LedgerView) -> None:
         raise Reject(results.LIMIT_EXCEEDED, f"a parent has at most {MAX_CHILDREN_PER_PARENT} children")
     if parent["live_children"] >= parent["max_live_children"]:
         raise Reject(results.FANOUT_EXCEEDED, f"{parent['live_children']} live children, at most "
-                                        f"{parent['max_live_children']}")
+                                              f"{parent['max_live_children']}")
     dims = parent["dimensions"]
     short = [f"{dim} {q} > available {dims[dim]['available']}" for dim, q in sorted(quantities.items())
              if q > dims[dim]["available"]]
@@ -275,7 +275,7 @@ def reservation_transferred(ctx: EventContext, view: LedgerView) -> None:
     parent, child = _held_child(ctx, view, attempt_field="from_attempt_id")
     if child["state"] != model.RESERVED or child["activated"]:
         raise Reject(results.INVALID_TRANSITION, f"only a never-activated reserved child can be transferred "
-                                           f"(child is {child['state']})")
+                                                 f"(child is {child['state']})")
     child["attempt_id"] = event["to_attempt_id"]
     ctx.audit(parent["parent_id"], child, model.RESERVED, model.RESERVED,
               f"reservation transferred from attempt {event['from_attempt_id']}")
@@ -355,7 +355,7 @@ def child_failed(ctx: EventContext, view: LedgerView) -> None:
         # prove that nothing was consumed.
         _adopt_report(ctx, view, parent, child, proves_execution=False)
         accounting.to_reconciliation(ctx, view, parent, child,
-                              "failure reported as before activation, but the ledger shows an activation")
+                                     "failure reported as before activation, but the ledger shows an activation")
         return
     _settle_outcome(ctx, view, parent, child, _known_usage(event), "failed", event["reason"])
 
@@ -383,7 +383,7 @@ def usage_adjustment(ctx: EventContext, view: LedgerView) -> None:
     _check_attempt(ctx, parent, child, event["attempt_id"])
     if child["state"] not in model.SETTLED_STATES:
         raise Reject(results.INVALID_TRANSITION, f"child is {child['state']}: adjust only after settlement, "
-                                           "report usage before it")
+                                                 "report usage before it")
     _check_headroom(parent, event["usage"])
     accounting.commit_usage(ctx, view, parent, child, event["usage"])
 
@@ -474,7 +474,7 @@ def fire_timer(ctx: EventContext, view: LedgerView, deadline_ms: int, kind: str,
     elif kind == model.TIMER_RECONCILIATION:
         if child["state"] == model.RECONCILING and child["reconcile_deadline_ms"] == deadline_ms:
             accounting.set_state(ctx, view, parent, child, model.STRANDED,
-                          "reconciliation timed out: stranded, held in pending until an operator resolves it")
+                                 "reconciliation timed out: stranded, held in pending until an operator resolves it")
 
 
 def rebase_timers(ctx: EventContext, view: LedgerView, now_ms: int) -> None:
