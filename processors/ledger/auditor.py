@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import pickle
 
+from branch_settlement.processors.ledger import results
 from branch_settlement.processors.ledger.errors import LedgerAuditFailure
 from branch_settlement.processors.ledger.fold import Fold
 from branch_settlement.processors.ledger.outputs import Outputs
 from branch_settlement.projections import model
 from branch_settlement.projections.view import LedgerView
-
-_RESULT_OK = frozenset({"ok", "overdrawn"})
-
 
 class _Child:
     """What the auditor last saw of a child: per dimension what it held (its remainder where its state holds
@@ -73,7 +71,7 @@ class LedgerAuditor:
         audits = out.audits[start[2]:]
         settled = out.settled[start[3]:]
         where = f"after event {event['event_id']} ({event['type']}) at input offset {result['input_offset']}"
-        if event["type"] == "ParentReserved" and result["result"] in _RESULT_OK:
+        if event["type"] == "ParentReserved" and result["result"] in results.APPLIED:
             self._watched.add(event["parent_id"])
         touched = {event["parent_id"]} if event["parent_id"] else set()
         touched.update(record["parent_id"] for record in audits)
@@ -135,7 +133,7 @@ class LedgerAuditor:
             seen = self._children.get((parent_id, child["child_id"]))
             if seen is None:
                 new = event["type"] == "ChildReserved" and event.get("child_id") == child["child_id"] \
-                    and result["result"] in _RESULT_OK
+                    and result["result"] in results.APPLIED
                 seen = self._children[(parent_id, child["child_id"])] = _Child(child, watched and new)
             problems.extend(self._conservation(seen, child, child_releases))
             for dim, quantity in model.consumed_by_all_attempts(child).items():

@@ -154,7 +154,8 @@ class CheckFailure(AssertionError):
     """A sequence broke a rule; the message names it."""
 
 
-def _fold(state: State, auditor_snapshot: object | None) -> tuple[MemoryStore, AuditedFold]:
+def audited_fold(state: State, auditor_snapshot: object | None) -> tuple[MemoryStore, AuditedFold]:
+    """A fold, with its auditor where it was (`auditor_snapshot`), over a fresh store holding `state`."""
     store = MemoryStore()
     store.write(state, 0)
     auditor = LedgerAuditor()
@@ -163,14 +164,18 @@ def _fold(state: State, auditor_snapshot: object | None) -> tuple[MemoryStore, A
     return store, AuditedFold(LedgerView(store, CODEC.encode, CODEC.decode, _BUDGET), auditor=auditor)
 
 
+def ledger_state(store: MemoryStore) -> State:
+    return tuple(sorted(store._data.items()))
+
+
 def step(node: Node, label: str, event: dict) -> tuple[State, object, bytes]:
     """Apply `event` to the node's ledger: (the new state, the auditor's snapshot, the outputs' bytes)."""
-    store, fold = _fold(node.state, node.auditor)
+    store, fold = audited_fold(node.state, node.auditor)
     out = Outputs()
     fold.apply(event, len(node.path), out)
     store.write(fold.view.changes(), 0)
     encoded = b"".join(CODEC.encode(name, record) for attr, _, name in OUTPUT_ROUTES for record in getattr(out, attr))
-    return tuple(sorted(store._data.items())), fold.auditor.snapshot(), encoded
+    return ledger_state(store), fold.auditor.snapshot(), encoded
 
 
 # Where the exploration starts, after the partition's first tick and the parent's reservation: the prefix of
@@ -182,7 +187,7 @@ STARTS = {
 
 
 def start(name: str = "parent") -> Node:
-    store, fold = _fold((), None)
+    store, fold = audited_fold((), None)
     out = Outputs()
     fold.apply(tick(START_MS), 0, out)
     parent = CODEC.event_from_json({"event_id": "reserve-parent", "idempotency_key": "reserve-parent",
@@ -192,7 +197,7 @@ def start(name: str = "parent") -> Node:
     for offset, label in enumerate(STARTS[name], start=2):
         assert fold.apply(events[label], offset, out)["result"] == "ok", label
     store.write(fold.view.changes(), 0)
-    return Node(tuple(sorted(store._data.items())), fold.auditor.snapshot(),
+    return Node(ledger_state(store), fold.auditor.snapshot(),
                 ("tick 0", "reserve-parent", *STARTS[name]))
 
 

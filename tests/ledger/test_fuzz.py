@@ -19,14 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from branch_settlement.processors.ledger import results
-from branch_settlement.processors.ledger.auditor import AuditedFold, LedgerAuditor
 from branch_settlement.processors.ledger.outputs import Outputs
 from branch_settlement.processors.replay.replayer import decode_json_line
-from branch_settlement.projections.store import MemoryStore
-from branch_settlement.projections.view import CacheBudget, LedgerView
 from branch_settlement.schemas.codec import default_codec
 from branch_settlement.schemas.errors import CodecError
 from branch_settlement.schemas.limits import MAX_ID_BYTES, MAX_QUANTITY
+from tests.ledger.exhaustive import audited_fold, ledger_state
 
 pytestmark = pytest.mark.unit
 
@@ -102,14 +100,12 @@ def _corpus(name: str) -> list[str]:
 
 
 def _prefix_state() -> tuple:
-    store = MemoryStore()
-    view = LedgerView(store, CODEC.encode, CODEC.decode, CacheBudget(1 << 30))
-    fold = AuditedFold(view)
+    store, fold = audited_fold((), None)
     out = Outputs()
     for offset, event in enumerate(prefix_events()):
         assert fold.apply(CODEC.event_from_json(event), offset, out)["result"] == "ok", event
-    store.write(view.changes(), 0)
-    return tuple(store._data.items()), fold.auditor.snapshot()
+    store.write(fold.view.changes(), 0)
+    return ledger_state(store), fold.auditor.snapshot()
 
 
 _PREFIX = _prefix_state()
@@ -117,12 +113,7 @@ _PREFIX = _prefix_state()
 
 def fold_one(event: dict) -> str:
     """Fold `event` into a fresh copy of the prefix's ledger, with the auditor; return its result code."""
-    state, audited = _PREFIX
-    store = MemoryStore()
-    store.write(state, 0)
-    auditor = LedgerAuditor()
-    auditor.restore(audited)
-    fold = AuditedFold(LedgerView(store, CODEC.encode, CODEC.decode, CacheBudget(1 << 30)), auditor=auditor)
+    _, fold = audited_fold(*_PREFIX)
     code = fold.apply(event, len(prefix_events()), Outputs())["result"]
     assert code in results.ALL, code
     return code
