@@ -204,12 +204,13 @@ class AuditedFold(Fold):
     """The fold with the ledger auditor run after every event (tests and simulations: it costs a recount of
     the touched parents' children per event)."""
 
-    def __init__(self, view: LedgerView, partition: int = 0, auditor: LedgerAuditor | None = None) -> None:
-        super().__init__(view, partition)
+    def __init__(self, view: LedgerView, partition: int = 0, auditor: LedgerAuditor | None = None,
+                 partitions: int | None = None) -> None:
+        super().__init__(view, partition, partitions)
         self.auditor = auditor if auditor is not None else LedgerAuditor()
 
-    def apply(self, event: dict, offset: int, out: Outputs) -> dict:
+    def apply(self, event: dict, offset: int, out: Outputs, ledger_tick: bool = False) -> dict:
         start = (len(out.results), len(out.releases), len(out.audits), len(out.settled))
-        result = super().apply(event, offset, out)
+        result = super().apply(event, offset, out, ledger_tick)
         self.auditor.check(self.view, event, result, out, start)
         return result

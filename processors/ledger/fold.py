@@ -30,6 +30,7 @@ from branch_settlement.processors.ledger.validation import validate
 from branch_settlement.projections import model
 from branch_settlement.projections.view import LedgerView
 from branch_settlement.schemas.codec import EVENT_TYPES, default_codec
+from branch_settlement.schemas.partitioning import partition_of
 from branch_settlement.schemas.event_json import compile_sorted_json
 
 # Fields that describe a delivery, not the settlement: left out of the payload comparison (SPEC §10).
@@ -136,20 +137,37 @@ def describe_children(parent: dict, ctx: EventContext, view: LedgerView) -> str:
 
 
 class Fold:
-    """Applies events of one input partition to its ledger."""
+    """Applies events of one input partition to its ledger.
 
-    def __init__(self, view: LedgerView, partition: int = 0) -> None:
+    `partitions` is the input topic's partition count. Given, the fold is that of a topic partition: an event
+    whose parent belongs to another partition is `misrouted`, and a Tick among the input events is
+    `tick_not_accepted` (ledger time comes only from the processor's own ticks, folded by `tick`); both change
+    nothing. None (a file of events, which has no partitions) folds every parent and the ticks in its lines."""
+
+    def __init__(self, view: LedgerView, partition: int = 0, partitions: int | None = None) -> None:
         self.view = view
         self.partition = partition
+        self.partitions = partitions
 
-    def apply(self, event: dict, offset: int, out: Outputs) -> dict:
+    def tick(self, event: dict, anchor: int, out: Outputs) -> dict:
+        """Apply one of the processor's own Tick events, made before input offset `anchor`; as `apply`."""
+        return self.apply(event, anchor, out, ledger_tick=True)
+
+    def apply(self, event: dict, offset: int, out: Outputs, ledger_tick: bool = False) -> dict:
         """Apply one event; append its outputs to `out`; return its result record."""
         ctx = EventContext(event, self.partition, offset, self.view.meta["ledger_time_ms"], out)
         problem = validate(event)
         if problem is not None:
             code, detail = results.INVALID_EVENT, problem
         elif event["type"] == "Tick":
-            code, detail = self._tick(ctx)
+            if ledger_tick or self.partitions is None:
+                code, detail = self._tick(ctx)
+            else:
+                code, detail = results.TICK_NOT_ACCEPTED, ("ledger time comes only from the processor's own "
+                                                           "ticks (topic ledger-ticks): a Tick on the input "
+                                                           "topic changes nothing")
+        elif self.partitions is not None and partition_of(event["parent_id"], self.partitions) != self.partition:
+            code, detail = results.MISROUTED, self._misrouted(event["parent_id"])
         else:
             code, detail = self._apply_once(ctx)
         for parent in ctx.touched.values():
@@ -169,6 +187,11 @@ class Fold:
         out.results.append(result)
         self.view.end_event()  # between events: the view may now trim its cache
         return result
+
+    def _misrouted(self, parent_id: str) -> str:
+        return (f"parent {parent_id!r} belongs to partition {partition_of(parent_id, self.partitions)} of "
+                f"{self.partitions} (Kafka's murmur2 of the parent id), not {self.partition}: produce its events "
+                "keyed by the parent id, to no explicit partition")
 
     def _apply_once(self, ctx: EventContext) -> tuple[str, str]:
         event = ctx.event

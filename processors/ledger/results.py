@@ -23,6 +23,11 @@ STALE_TICK = "stale_tick"
 # The event would take the ledger past one of its own limits (schemas/limits.py): too many children for one
 # parent, usage reports for one attempt, or a balance term beyond int64's headroom.
 LIMIT_EXCEEDED = "limit_exceeded"
+# The event's parent belongs to another partition (schemas/partitioning.py): folding it here would open a second
+# ledger for the parent id. Nothing changes; the detail names the partition it belongs to.
+MISROUTED = "misrouted"
+# A Tick on the input topic: ledger time comes only from the processor's own ticks (topic ledger-ticks).
+TICK_NOT_ACCEPTED = "tick_not_accepted"
 
 # Results of applied events: stored under the idempotency key, so a redelivery gets `duplicate`.
 # Rejections change nothing and are not stored: the same key may be retried (e.g. a reservation that
@@ -44,5 +49,7 @@ REJECTIONS = (
     DUPLICATE_USAGE_REPORT,
     STALE_TICK,
     LIMIT_EXCEEDED,
+    MISROUTED,
+    TICK_NOT_ACCEPTED,
 )
 ALL = (OK, DUPLICATE, IDEMPOTENCY_CONFLICT, OVERDRAWN) + REJECTIONS
