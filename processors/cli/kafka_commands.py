@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 from branch_settlement.errors import SettlementError
 from branch_settlement.processors.kafka import config as cfg
@@ -42,6 +43,7 @@ def add_run(commands) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from branch_settlement.processors.kafka.processor import Processor
+    from branch_settlement.processors.kafka.ticks import FileClock
 
     config = cfg.load(args)
     setup_logging(config.log_level)
@@ -56,7 +58,8 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stop)
     log.info("settle run: bootstrap %s, group %s, transactional.id %s, state %s", config.bootstrap_servers,
              config.group_id, config.transactional_id, os.path.abspath(config.state_dir))
-    Processor(config, names).run(lambda: stopping["signal"] is not None)
+    clock = FileClock(config.clock_file) if config.clock_file else time.time
+    Processor(config, names, clock=clock).run(lambda: stopping["signal"] is not None)
     log.info("stopped cleanly")
     return 0
 
@@ -68,9 +71,10 @@ def add_produce(commands) -> None:
     p = commands.add_parser(
         "produce", help="publish a JSON Lines file of events to branch-events",
         description="Publish events in their JSON form (SPEC §12), one per line, as an orchestrator's adapter "
-                    "would: validated, Avro single-object encoded, keyed by parent_id, idempotent producer. A "
-                    "Tick is sent to every partition (ledger time is per partition). Lines that are not valid "
-                    "events are reported with their line number and not sent; the exit code is then 1.")
+                    "would: validated, Avro single-object encoded, keyed by parent_id (Kafka's murmur2 "
+                    "partitioner), idempotent producer. Lines that are not valid events, and Tick lines (only "
+                    "the processor advances ledger time), are reported with their line number and not sent; "
+                    "the exit code is then 1.")
     p.add_argument("file", help="JSON Lines file of events")
     p.add_argument("--topic-prefix", default=os.environ.get("SETTLE_TOPIC_PREFIX", ""),
                    help="prefix of the topic names (env SETTLE_TOPIC_PREFIX)")
@@ -80,7 +84,7 @@ def add_produce(commands) -> None:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from branch_settlement.processors.kafka.clients import BranchEventProducer
+    from branch_settlement.processors.kafka.clients import TICK_NOT_PRODUCIBLE, BranchEventProducer
     from branch_settlement.processors.ledger.validation import validate
     from branch_settlement.processors.replay.replayer import read_jsonl
     from branch_settlement.schemas.codec import default_codec
@@ -95,15 +99,13 @@ def _produce(args: argparse.Namespace) -> int:
     for item in read_jsonl(args.file, codec):
         # Refused here what the processor would refuse (the fold's own validation): an orchestrator learns it now.
         reason = item.reason if item.event is None else validate(item.event)
+        if reason is None and item.event["type"] == "Tick":
+            reason = TICK_NOT_PRODUCIBLE
         if reason is not None:
             rejected += 1
             print(f"line {item.line}: not sent: {reason}", file=sys.stderr)
             continue
-        if item.event["type"] == "Tick":
-            for partition in partitions:
-                producer.publish(item.event, partition=partition)
-        else:
-            producer.publish(item.event)
+        producer.publish(item.event)
         sent += 1
     producer.flush()
     print(f"published {sent} events to {producer.topic} ({len(partitions)} partitions)"

@@ -23,7 +23,7 @@ COMMITTED_EXTRA_WAIT_S = 30.0  # beyond transaction.timeout.ms: the broker's abo
 
 
 def load_tasks(tasks: dict[int, PartitionTask], committed: list[TopicPartition], config: ProcessorConfig,
-               topics: dict[str, str], codec: Codec, metrics: Metrics) -> None:
+               topics: dict[str, str], codec: Codec, metrics: Metrics, partitions: int) -> None:
     """Add to `tasks` one task per partition of `committed` (the group's committed offsets), its projection
     restored from the changelog until it covers them."""
     stores = {tp.partition: open_projection(config, tp.partition, tp.offset, metrics) for tp in committed}
@@ -32,8 +32,20 @@ def load_tasks(tasks: dict[int, PartitionTask], committed: list[TopicPartition],
             progress=lambda p, n: metrics.restore_records.labels(str(p)).set(n))
     for tp in committed:
         position = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-        tasks[tp.partition] = PartitionTask(tp.partition, stores[tp.partition], codec, position)
+        tasks[tp.partition] = PartitionTask(tp.partition, stores[tp.partition], codec, position, partitions)
         metrics.stopped.labels(str(tp.partition)).set(0)
+
+
+def input_partition_count(consumer: Consumer, topic: str, timeout_s: float = 10.0) -> int:
+    """How many partitions the input topic has, from the cluster's metadata."""
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout_s)
+    except KafkaException as exc:
+        raise KafkaFailure.wrap(f"metadata of {topic}", exc) from None
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        raise KafkaFailure(f"metadata of {topic}: {found.error.str() if found and found.error else 'no partitions'}")
+    return len(found.partitions)
 
 
 def open_projection(config: ProcessorConfig, partition: int, committed_offset: int, metrics: Metrics):

@@ -43,13 +43,12 @@ def _kafka_error(exc: KafkaException) -> KafkaError | None:
     return err if isinstance(err, KafkaError) else None
 
 
-def encode_checkpoint(tasks: list[PartitionTask], ticks: list[tuple[int, bytes]],
-                      topics: dict[str, str]) -> tuple[int, dict[int, list]]:
+def encode_checkpoint(tasks: list[PartitionTask], topics: dict[str, str]) -> tuple[int, dict[int, list]]:
     """Each partition's ledger changes, encoded before the transaction begins (so an encoding failure can
     never leave a transaction open; the outputs were encoded as they were folded), and how many records the
     checkpoint will produce."""
     changes: dict[int, list] = {}
-    count = len(ticks)
+    count = 0
     for task in tasks:
         task_changes = task.view.changes()
         if task.position is not None:
@@ -61,8 +60,9 @@ def encode_checkpoint(tasks: list[PartitionTask], ticks: list[tuple[int, bytes]]
 
 
 def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[int, list],
-                 ticks: list[tuple[int, bytes]], topics: dict[str, str], on_delivery) -> None:
-    """Every record of the checkpoint, each partition's outputs (in input order) then its ledger changes.
+                 topics: dict[str, str], on_delivery) -> None:
+    """Every record of the checkpoint, each partition's outputs and ticks (in input order) then its ledger
+    changes.
 
     One delivery report per topic-partition: its last record's. The changelog's gives the offset the
     projection is written with (a partition's records are delivered in order); all of them tell the
@@ -82,12 +82,11 @@ def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[i
         last = len(task_changes) - 1
         for n, (key, value) in enumerate(task_changes):
             _produce(producer, changelog, p, key, value, on_delivery if n == last else None)
-    for p, value in ticks:
-        _produce(producer, topics["branch-events"], p, None, value, None)
 
 
 def _last_of_each_topic(records: list) -> set[int]:
-    """Indexes of the last record of each output topic (4 at most; found from the end, so a few steps)."""
+    """Indexes of the last record of each topic a partition's records go to (the output topics and
+    ledger-ticks; found from the end, so a few steps)."""
     seen: set[str] = set()
     last: set[int] = set()
     for n in range(len(records) - 1, -1, -1):
@@ -95,19 +94,19 @@ def _last_of_each_topic(records: list) -> set[int]:
         if topic not in seen:
             seen.add(topic)
             last.add(n)
-            if len(seen) == len(OUTPUT_TOPICS):
+            if len(seen) == len(OUTPUT_TOPICS) + 1:
                 break
     return last
 
 
-def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], ticks: list[tuple[int, bytes]],
-                      topics: dict[str, str], timeout_s: float) -> CheckpointResult:
+def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], topics: dict[str, str],
+                      timeout_s: float) -> CheckpointResult:
     """Make the work buffered since the last checkpoint durable, exactly once, in this order:
 
     1. take every output and dead letter (encoded as they were folded, in input order), encode the ledger
        changes (with the partition's next input offset);
     2. begin a transaction; produce the outputs to the same partition number of their topics, the ledger
-       changes to the same partition of `ledger-changelog`, the ticks to the input topic;
+       changes to the same partition of `ledger-changelog`, the ticks to the same partition of `ledger-ticks`;
     3. flush, then send the input offsets of every owned partition with the consumer's group metadata
        (KIP-447: a zombie of an older group generation is fenced here, even for a checkpoint of ticks);
     4. commit the transaction (retried while librdkafka says the commit is retriable);
@@ -132,7 +131,7 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
         phases[step] = (now - mark) * 1000
         mark = now
 
-    count, changes = encode_checkpoint(tasks, ticks, topics)
+    count, changes = encode_checkpoint(tasks, topics)
     phase("encode")
     changelog_offsets: dict[int, int] = {}
     last_offsets: dict[tuple[str, int], int] = {}
@@ -153,7 +152,7 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
                for t in tasks if t.position is not None or t.committed_position >= 0]
     try:
         producer.begin_transaction()
-        _produce_all(producer, tasks, changes, ticks, topics, delivered)
+        _produce_all(producer, tasks, changes, topics, delivered)
         phase("produce")
         faults.crash_point("after_produce")
         undelivered = bounded("flush", producer.flush, timeout_s, timeout_s=timeout_s)
@@ -277,13 +276,21 @@ def _abort(producer: Producer, consumer, tasks: list[PartitionTask], topics: dic
 
 
 def rewind(consumer, tasks: list[PartitionTask], topics: dict[str, str]) -> None:
-    """Seek every owned, running partition back to its last committed offset. A partition that cannot be
-    rewound would skip the discarded events: that raises (the processor then reloads its partitions)."""
+    """Seek every owned, running partition back to its last committed offset, those that folded nothing since
+    too: the consumer may have fetched their records already, in the batch whose rest is dropped after a
+    failed checkpoint (Processor._fold_batch), and without the seek those would never come again. A
+    partition that folded since and cannot be rewound would skip the discarded events: that raises (the
+    processor then reloads its partitions); one that folded nothing and cannot seek yet (just assigned, not
+    fetching) starts from the committed offset anyway."""
     for task in tasks:
-        if task.stopped or task.next_offset == task.committed_position:
-            continue  # nothing read since the last commit: nothing to re-read
+        if task.stopped:
+            continue
+        read = task.next_offset != task.committed_position
         task.next_offset = task.committed_position
         try:
             consumer.seek(TopicPartition(topics["branch-events"], task.partition, task.committed_position))
         except KafkaException as exc:
-            raise KafkaFailure.wrap(f"rewinding partition {task.partition} to {task.committed_position}", exc) from exc
+            if read:
+                raise KafkaFailure.wrap(f"rewinding partition {task.partition} to {task.committed_position}",
+                                        exc) from exc
+            log.debug("partition %d: not rewound (%s): it starts from the committed offset", task.partition, exc)

@@ -17,7 +17,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from branch_settlement.processors.kafka.errors import KafkaFailure
 from branch_settlement.schemas.codec import Codec, default_codec
-from branch_settlement.processors.kafka.errors import PublishFailed
+from branch_settlement.processors.kafka.errors import PublishFailed, TickNotProducible
+
+TICK_NOT_PRODUCIBLE = ("a Tick is not produced: only the processor advances ledger time (its own ticks, on "
+                       "ledger-ticks); for a simulated clock run it with --clock-file")
 
 
 class BranchEventProducer:
@@ -33,21 +36,17 @@ class BranchEventProducer:
         if err is not None:
             self._failures.append(err)
 
-    def publish(self, event: dict, partition: int | None = None) -> None:
-        """Publish one event in its JSON form (validated first: a CodecError names the bad field). A Tick
-        belongs to a partition, not a parent: it needs `partition`."""
+    def publish(self, event: dict) -> None:
+        """Publish one event in its JSON form (validated first: a CodecError names the bad field), keyed by
+        its parent id. A Tick is refused (TickNotProducible): only the processor advances ledger time."""
         event = self.codec.event_from_json(event)
-        if event["type"] == "Tick" and partition is None:
-            raise ValueError("a Tick is produced to an explicit partition: use tick(partition, now_ms)")
+        if event["type"] == "Tick":
+            raise TickNotProducible(TICK_NOT_PRODUCIBLE)
         value = self.codec.encode_event(event)
-        key = event["parent_id"].encode() if event["parent_id"] else None
+        key = event["parent_id"].encode()
         while True:
             try:
-                if partition is None:
-                    self._producer.produce(self.topic, value=value, key=key, on_delivery=self._delivered)
-                else:
-                    self._producer.produce(self.topic, value=value, key=key, partition=partition,
-                                           on_delivery=self._delivered)
+                self._producer.produce(self.topic, value=value, key=key, on_delivery=self._delivered)
                 break
             except BufferError:
                 self._producer.poll(0.05)
@@ -74,11 +73,6 @@ class BranchEventProducer:
               event_id: str | None, **fields) -> None:
         self.publish({"type": etype, "event_id": event_id or f"{uuid.uuid4()}", "idempotency_key": idempotency_key,
                       "parent_id": parent_id, "occurred_at_ms": occurred_at_ms, **fields})
-
-    def tick(self, partition: int, now_ms: int) -> None:
-        self.publish({"type": "Tick", "event_id": f"tick-{partition}-{now_ms}",
-                      "idempotency_key": f"tick/{partition}/{now_ms}", "parent_id": "", "occurred_at_ms": now_ms,
-                      "now_ms": now_ms}, partition=partition)
 
     def parent_reserved(self, parent_id, *, capacity, lease_ttl_ms, policy, idempotency_key, occurred_at_ms,
                         event_id=None):

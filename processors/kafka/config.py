@@ -40,8 +40,11 @@ class ProcessorConfig:
     commit_events: int = 2_000
     # Records buffered (outputs and ledger changes): a burst of expiries commits in slices, not in one huge transaction.
     commit_records: int = 20_000
-    # Ticks appended to each owned partition (SPEC §7); 0 turns them off (replaying recorded ticks only).
+    # Ticks folded into each owned partition (SPEC §7) and written to ledger-ticks; 0 turns them off.
     tick_interval_ms: int = 1_000
+    # Ledger time from this file (milliseconds since the epoch, rewritten by a simulation or a demo) instead of
+    # the system clock.
+    clock_file: str = ""
     session_timeout_ms: int = 10_000
     max_poll_interval_ms: int = 60_000
     transaction_timeout_ms: int = 30_000
@@ -89,7 +92,11 @@ HELP = {
     "view_cache_mb": "MB of decoded ledger records cached by the whole process, all partitions together "
                      "(estimated from their encoded size; bounds memory, RocksDB holds the rest)",
     "commit_events": "checkpoint after this many events, whatever the interval",
-    "tick_interval_ms": "append a Tick to each owned partition this often; 0 = never",
+    "tick_interval_ms": "fold a Tick into each owned partition this often (written to ledger-ticks: only the "
+                        "processor advances ledger time); 0 = never",
+    "clock_file": "take the time for ticks from this file (milliseconds since the epoch; write it atomically, "
+                  "e.g. by rename) instead of the system clock: for simulations and demos. Whoever can write "
+                  "it sets ledger time",
     "session_timeout_ms": "consumer group session timeout",
     "max_poll_interval_ms": "consumer max.poll.interval.ms",
     "transaction_timeout_ms": "producer transaction.timeout.ms",
@@ -109,7 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in _SETTINGS:
         if f.name == "bootstrap_servers":
             continue  # from add_connection_arguments
-        default = "host name" if f.name == "worker_slot" else f.default
+        default = {"worker_slot": "host name", "clock_file": "the system clock"}.get(f.name, f.default)
         parser.add_argument("--" + f.name.replace("_", "-"), metavar=f.name.split("_")[-1].upper(),
                             help=f"{HELP[f.name]} (env {env_name(f.name)}; default: {default})")
     connection.add_connection_arguments(parser)
@@ -145,8 +152,6 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
         flag = getattr(args, f.name, None) if args is not None else None
         if flag is not None:
             values[f.name] = flag
-    kafka.update(connection.settings_from_env(environ))
-    if args is not None:
-        kafka.update(connection.parse_settings(getattr(args, "kafka_config", []) or []))
+    kafka.update(connection.settings_from_args(args, environ))  # settings files < SETTLE_KAFKA_* < --kafka-config
     typed = {f.name: _convert(f.name, values[f.name], f.type) for f in _SETTINGS if f.name in values}
     return ProcessorConfig(kafka=kafka, **typed).validate()

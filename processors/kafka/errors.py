@@ -94,3 +94,43 @@ class CommitOutcomeUnknown(KafkaFailure):
 class ProjectionsNotFound(ConfigError):
     """`--state-dir`/`--group-id` name no processor's projections. Raised by `settle inspect` and the live-ledger
     comparison of `settle replay --topic`. Operator: pass the state directory and group id the processor runs with."""
+
+
+class TickNotProducible(ConfigError):
+    """A Tick given to the event producer. Only the processor advances ledger time (its own ticks, on
+    ledger-ticks); a Tick on the input topic would be answered `tick_not_accepted`. Raised by
+    BranchEventProducer.publish and `settle produce` before anything is sent. Caller: leave ticks out; for
+    a simulated clock, run the processor with --clock-file."""
+
+
+class KafkaAuthenticationFailed(KafkaFailure):
+    """The broker refused the client's SASL credentials (a wrong user or password, a mechanism it does not
+    offer). Raised by the connection preflight (processors/kafka/preflight.py) before any other request.
+    Operator: check sasl.username and the password, set in SETTLE_KAFKA_SASL_PASSWORD, a
+    SETTLE_KAFKA_SASL_PASSWORD_FILE or a --kafka-config-file (never on the command line), and sasl.mechanism."""
+
+
+class KafkaTlsFailed(KafkaFailure):
+    """The TLS handshake failed: the broker's certificate is not signed by a CA in ssl.ca.location (or has
+    another name), or the broker refused the client's certificate. Raised by the connection preflight.
+    Operator: point ssl.ca.location at the cluster's CA; for a mutual-TLS listener, give
+    ssl.certificate.location and ssl.key.location of a certificate that CA signed."""
+
+
+class KafkaSettingRejected(KafkaFailure):
+    """librdkafka refused a client setting when the client was made: an unknown setting, a bad value, a
+    certificate, key or CA file it cannot read. Raised by the connection preflight and the command line.
+    Operator: fix the setting the message names (--kafka-config, --kafka-config-file, SETTLE_KAFKA_*)."""
+
+
+class KafkaNotAuthorized(KafkaFailure):
+    """The broker's authorizer refused an operation this command needs: an ACL is missing for the
+    principal (TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED). Raised by the preflight, before
+    anything is read or written, or by the command when the broker refuses later. Operator: grant the role's
+    ACLs (`settle acls apply`, deploy/acls.json) or run the command as the principal whose role it is."""
+
+
+class AclSpecError(ConfigError):
+    """The ACL spec (deploy/acls.json) is missing or invalid, or names a topic the topic spec does not have.
+    Raised when the spec is loaded, before any request. Operator: fix the file or the flag the message names."""

@@ -13,6 +13,7 @@ from branch_settlement.projections.store import RocksStore
 from branch_settlement.projections.view import LedgerView
 from branch_settlement.schemas.codec import Codec
 from branch_settlement.processors.kafka.errors import ProjectionsNotFound
+from branch_settlement.processors.kafka.ticks import TICKS_TOPIC, anchor_key
 from branch_settlement.schemas.limits import DEAD_LETTER_ORIGINAL_BYTES, MAX_KEY_BYTES
 
 # The next input offset the projection covers: written with every checkpoint's ledger changes, in the
@@ -53,12 +54,14 @@ def stored_partitions(state_dir: str, group_id: str) -> dict[int, Path]:
 
 
 class PartitionTask:
-    def __init__(self, partition: int, store: RocksStore, codec: Codec, committed_position: int) -> None:
+    def __init__(self, partition: int, store: RocksStore, codec: Codec, committed_position: int,
+                 partitions: int) -> None:
         self.partition = partition
         self.store = store
         self.codec = codec
         self.view = LedgerView(store, codec.encode, codec.decode)
-        self.fold = Fold(self.view, partition)
+        # A fold of one partition of the input topic: misrouted events and Ticks among the input change nothing.
+        self.fold = Fold(self.view, partition, partitions)
         self.out = Outputs()  # what the event being folded produces; encoded into `records` right after
         # Everything produced since the last checkpoint, encoded, in input order: (logical topic, key, value).
         self.records: list[tuple[str, bytes | None, bytes]] = []
@@ -83,12 +86,12 @@ class PartitionTask:
         """Records the next checkpoint will produce for this partition: outputs and ledger changes."""
         return len(self.records) + self.view.change_count()
 
-    def apply(self, event: dict, offset: int) -> dict:
+    def apply(self, event: dict, offset: int, ledger_tick: bool = False) -> dict:
         """Fold one event and encode its outputs at once, in input order: the checkpoint then only produces
         (shorter transactions), and each output partition carries its records in input order. An encoding
         failure raises like a failure of the fold: a bug, never bad input."""
         out = self.out
-        result = self.fold.apply(event, offset, out)
+        result = self.fold.apply(event, offset, out, ledger_tick)
         encode = self.codec.encode
         records = self.records
         for attr, topic, record_name in OUTPUT_ROUTES:
@@ -99,6 +102,17 @@ class PartitionTask:
             self.released[key] = self.released.get(key, 0) + release["quantity"]
         out.clear()
         self.results += 1
+        return result
+
+    def fold_tick(self, tick: dict) -> dict:
+        """Fold one of the processor's own ticks here, before the next input offset, and buffer it for
+        ledger-ticks keyed by that offset (processors/kafka/ticks.py). A tick commits the input position too:
+        every checkpoint sends the group's offsets, which fences a zombie's (KIP-447)."""
+        anchor = max(self.next_offset, 0)
+        result = self.apply(tick, anchor, ledger_tick=True)
+        self.records.append((TICKS_TOPIC, anchor_key(anchor), self.codec.encode_event(tick)))
+        if self.position is None:
+            self.position = anchor
         return result
 
     def dead_letter(self, key: bytes | None, letter: dict) -> None:

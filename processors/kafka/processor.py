@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient
 
 from branch_settlement.processors import gc_tuning
 from branch_settlement.processors.kafka import rebalance
-from branch_settlement.processors.kafka.assignment import committed_offsets, load_tasks
+from branch_settlement.processors.kafka.assignment import committed_offsets, input_partition_count, load_tasks
 from branch_settlement.processors.kafka.checkpoint import commit_checkpoint
 from branch_settlement.processors.kafka.config import ProcessorConfig
 from branch_settlement.processors.kafka.errors import KafkaFailure
@@ -33,7 +33,7 @@ from branch_settlement.processors.kafka.processor_clients import call_timeout_s,
 from branch_settlement.processors.kafka.recovery import recover
 from branch_settlement.processors.kafka.reporting import EventCounters, record_checkpoint, record_commit, update_gauges
 from branch_settlement.processors.kafka.stability import StabilityWatch, stall_threshold_s
-from branch_settlement.processors.kafka.ticks import schedule_ticks, ticks_of
+from branch_settlement.processors.kafka.ticks import schedule_ticks
 from branch_settlement.projections import view
 from branch_settlement.schemas.codec import Codec, CodecError, default_codec
 
@@ -61,7 +61,7 @@ class Processor:
         self.metrics = metrics or Metrics()
         self.clock = clock
         self.tasks: dict[int, PartitionTask] = {}
-        self.ticks: list[tuple[int, bytes]] = []
+        self.input_partitions: int | None = None  # the input topic's partition count, from its metadata
         self.events_since_checkpoint = 0
         # Start of the last checkpoint: the next is due commit_interval_ms after it (a fixed period, so the
         # time an event waits for its commit does not grow with the checkpoint's own duration).
@@ -98,7 +98,19 @@ class Processor:
         """The committed offsets first (stable: librdkafka waits for pending transactional offsets under
         read_committed), then each projection restored from the changelog until it covers them."""
         load_tasks(self.tasks, self._committed(consumer, partitions), self.config, self.topics, self.codec,
-                   self.metrics)
+                   self.metrics, self._partition_count(consumer))
+
+    def _partition_count(self, consumer: Consumer) -> int:
+        """The input topic's partition count: an event is folded only in its parent's partition of that many
+        (schemas/partitioning.py). It never changes: a change moves parents to other partitions."""
+        count = input_partition_count(consumer, self.topics["branch-events"])
+        if self.input_partitions is not None and count != self.input_partitions:
+            raise KafkaFailure(f"{self.topics['branch-events']} now has {count} partitions, not "
+                               f"{self.input_partitions}: its parents moved to other partitions, where they "
+                               "have no ledger. A partition count once chosen cannot change (deploy/topics.json)",
+                               fatal=True)
+        self.input_partitions = count
+        return count
 
     def _committed(self, consumer: Consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
         return committed_offsets(consumer, partitions, self.config.transaction_timeout_ms)
@@ -136,7 +148,7 @@ class Processor:
             due = self.last_checkpoint + self.config.commit_interval_ms / 1000
             timeout = min(IDLE_POLL_S, max(due - time.monotonic(), 0.0))
         self._fold_batch(self.consumer.consume(num_messages=CONSUME_BATCH, timeout=timeout))
-        schedule_ticks(self.ticks, self.tasks.values(), self.config.tick_interval_ms, self.clock, self.codec)
+        self.events_since_checkpoint += schedule_ticks(self.tasks.values(), self.config.tick_interval_ms, self.clock)
         self.stability.poll()
         if self._checkpoint_due():
             self.checkpoint()
@@ -182,7 +194,7 @@ class Processor:
         return task
 
     def _has_work(self) -> bool:
-        return bool(self.ticks) or any(task.has_work() for task in self.tasks.values())
+        return any(task.has_work() for task in self.tasks.values())
 
     def _checkpoint_due(self) -> bool:
         if not self._has_work():
@@ -194,18 +206,15 @@ class Processor:
         return (time.monotonic() - self.last_checkpoint) * 1000 >= self.config.commit_interval_ms
 
     def checkpoint(self) -> bool:
-        """Commit the running partitions' work and the due ticks in one transaction; whether it committed.
-        A checkpoint that did not commit has recovered already (recovery.py), or raised."""
+        """Commit the running partitions' work (their ticks included) in one transaction; whether it
+        committed. A checkpoint that did not commit has recovered already (recovery.py), or raised."""
         started = time.monotonic()
         tasks = [task for task in self.tasks.values() if not task.stopped]
-        ticks = ticks_of(self.ticks, {task.partition for task in tasks})
         try:
-            result = commit_checkpoint(self.producer, self.consumer, tasks, ticks, self.topics,
-                                       call_timeout_s(self.config))
+            result = commit_checkpoint(self.producer, self.consumer, tasks, self.topics, call_timeout_s(self.config))
         except KafkaFailure as exc:
             recover(self, exc, tasks)
             result = None
-        self.ticks.clear()
         self.events_since_checkpoint = 0
         self.last_checkpoint = started
         committed = bool(result and result.committed)

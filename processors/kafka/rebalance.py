@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Iterable
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from branch_settlement.processors.kafka.errors import TransactionCallStuck
-from branch_settlement.processors.kafka.ticks import ticks_except
 from branch_settlement.processors.kafka.txn_guard import bounded
 
 if TYPE_CHECKING:
@@ -55,9 +54,8 @@ def on_lost(processor: Processor, consumer: Consumer, partitions: list[TopicPart
 
 
 def _drop(processor: Processor, partitions: list[int], given_away: Iterable[int]) -> None:
-    """Forget the partitions given away: their ticks, their tasks with their uncommitted work, and what the
+    """Forget the partitions given away: their tasks with their uncommitted work (ticks included), and what the
     stability watch was watching there (a partition's new owner watches what it writes now)."""
-    processor.ticks = ticks_except(processor.ticks, given_away)
     for p in partitions:
         task = processor.tasks.pop(p, None)
         if task is not None:

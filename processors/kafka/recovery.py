@@ -80,7 +80,6 @@ def reload(processor: Processor) -> None:
         task.discard()
         task.close()
     processor.tasks.clear()
-    processor.ticks.clear()
     processor._load_partitions(consumer, partitions)
     for task in processor.tasks.values():
         consumer.seek(TopicPartition(processor.topics["branch-events"], task.partition, task.committed_position))
