@@ -146,15 +146,16 @@ class History:
 
 
 def parent_history(inputs: Iterable[Input], parent_id: str, codec: Codec | None = None,
-                   partition: int = 0) -> History:
-    """Fold every input into a fresh MemoryStore and collect the history of `parent_id`.
+                   partition: int = 0, partitions: int | None = None) -> History:
+    """Fold every input into a fresh MemoryStore and collect the history of `parent_id`; `partitions`: the
+    topic's partition count when the inputs are a topic partition's (processors/ledger/fold.py, Fold).
 
     Raises UnknownParentError when no input reserved the parent; InvariantViolation from the fold
     propagates (it is a bug, and the audit must not paper over it).
     """
     codec = codec or default_codec()
     view = open_view(MemoryStore(), codec)
-    fold = Fold(view, partition)
+    fold = Fold(view, partition, partitions)
     out = Outputs()
     steps: list[Step] = []
     inputs_read = dead_letters = named = 0
@@ -166,7 +167,7 @@ def parent_history(inputs: Iterable[Input], parent_id: str, codec: Codec | None 
         before = view.parent(parent_id)
         live_before = before is not None and before["status"] != model.PARENT_CLOSED
         out.clear()
-        result = fold.apply(item.event, item.offset, out)
+        result = fold.apply(item.event, item.offset, out, item.ledger_tick)
         names_parent = item.event["parent_id"] == parent_id
         named += names_parent
         step = _step(item.event, result, out, parent_id)

@@ -89,8 +89,8 @@ def run_audit(args: argparse.Namespace) -> int:
     if args.html and not Path(args.html).resolve().parent.is_dir():
         raise SettlementError(f"--html {args.html}: no such directory {Path(args.html).resolve().parent}")
     codec = default_codec()
-    partition, inputs, source = _inputs(args, codec)
-    history = parent_history(inputs, args.parent_id, codec, partition)
+    partition, inputs, source, partitions = _inputs(args, codec)
+    history = parent_history(inputs, args.parent_id, codec, partition, partitions)
     color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     sys.stdout.write(render_text(history, color=color))
     if args.html:
@@ -103,8 +103,9 @@ def run_audit(args: argparse.Namespace) -> int:
 
 
 def _inputs(args: argparse.Namespace, codec):
-    """(partition, inputs of that partition, source name) for the parent: a plain file is one partition; a
-    topic or an export file holds several, and the parent's events are in exactly one of them."""
+    """(partition, inputs of that partition, source name, the topic's partition count or None) for the
+    parent: a plain file is one partition; a topic or an export file holds several, and the parent's events
+    are in exactly one of them (with the processor's ticks merged in)."""
     from branch_settlement.processors.replay import export_format
     from branch_settlement.processors.replay.replayer import read_events
 
@@ -112,8 +113,9 @@ def _inputs(args: argparse.Namespace, codec):
         if not os.path.isfile(args.file):
             raise SettlementError(f"no such file: {args.file}")
         if not export_format.is_export(args.file):
-            return args.partition or 0, read_events(args.file, codec), os.path.basename(args.file)
+            return args.partition or 0, read_events(args.file, codec), os.path.basename(args.file), None
         by_partition = export_format.read_export(args.file, codec)
+        count = export_format.export_partition_count(args.file)
         source = os.path.basename(args.file)
     else:
         from branch_settlement.processors.kafka import connection
@@ -122,13 +124,15 @@ def _inputs(args: argparse.Namespace, codec):
 
         if args.topic != "branch-events":
             raise SettlementError("--topic: only the input topic, branch-events, holds a parent's history")
-        topic = topic_names(args.topic_prefix)["branch-events"]
+        names = topic_names(args.topic_prefix)
+        topic = names["branch-events"]
         client = connection.config_from_args(args)
-        partitions = [args.partition] if args.partition is not None else readers.partitions_of(client, topic)
-        by_partition = {p: [item for item, _ in recs]
-                        for p, recs in readers.read_inputs(client, topic, partitions, codec).items()}
+        every_partition = readers.partitions_of(client, topic)
+        count = len(every_partition)
+        partitions = [args.partition] if args.partition is not None else every_partition
+        by_partition = readers.read_folded_inputs(client, names, partitions, codec)
         source = topic
     for partition, items in by_partition.items():
         if any(item.event is not None and item.event["parent_id"] == args.parent_id for item in items):
-            return partition, items, f"{source} partition {partition}"
+            return partition, items, f"{source} partition {partition}", count
     raise UnknownParentError(f"no event names parent {args.parent_id!r} in {source}")

@@ -54,8 +54,9 @@ def add_parsers(commands) -> None:
     e = commands.add_parser(
         "export", help="write the committed input topic to an Avro container file, for an audit away from Kafka",
         description="Write every committed record of branch-events (selected partitions) with its partition and "
-                    "offset to an Avro object container file (undecodable records keep their bytes and the "
-                    "reason). `settle replay FILE` then folds it exactly as `settle replay --topic` would.")
+                    "offset, and the processor's ticks of ledger-ticks merged in where they were folded, to an "
+                    "Avro object container file (undecodable records keep their bytes and the reason). `settle "
+                    "replay FILE` then folds it exactly as `settle replay --topic` would.")
     e.add_argument("-o", "--output", required=True, metavar="FILE.avro")
     e.add_argument("--topic", default="branch-events", metavar="NAME", help="logical topic name (default %(default)s)")
     _add_topic_arguments(e)
@@ -70,6 +71,18 @@ def _add_topic_arguments(p: argparse.ArgumentParser) -> None:
                    help="prefix of the topic names (env SETTLE_TOPIC_PREFIX)")
     p.add_argument("--topic-spec", default=os.environ.get("SETTLE_TOPIC_SPEC", ""), help="topic spec file")
     connection.add_connection_arguments(p)
+
+
+def _merged(raw: list, ticks: list, end: int, codec, partition: int):
+    """(Input, raw bytes) of one partition: its input records with the processor's ticks merged in at the
+    input offsets they were folded before (a tick has no raw bytes of its own to keep)."""
+    from branch_settlement.processors.replay import export_format
+    from branch_settlement.processors.replay.replayer import merge_ticks
+
+    values = {offset: value for offset, _, value in raw}
+    inputs = (export_format.decode_record(codec, partition, offset, value)[1] for offset, _, value in raw)
+    for item in merge_ticks(inputs, ticks, end):
+        yield item, None if item.ledger_tick else values[item.offset]
 
 
 def _partitions(value: str | None) -> list[int] | None:
@@ -231,10 +244,14 @@ def run_export(args: argparse.Namespace) -> int:
     client = connection.config_from_args(args)
     codec = default_codec()
     topic = names["branch-events"]
-    partitions = _partitions(args.partitions) or readers.partitions_of(client, topic)
-    raw = readers.read_committed(client, topic, partitions)
-    records = (export_format.decode_record(codec, p, offset, value) for p, recs in raw.items()
-               for offset, _, value in recs)
-    count = export_format.write_export(args.output, records, codec)
+    every_partition = readers.partitions_of(client, topic)
+    partitions = _partitions(args.partitions) or every_partition
+    ends = {p: high for p, (high, _) in readers.input_bounds(client, topic, partitions).items()}
+    raw = readers.read_committed(client, topic, partitions, end=ends)
+    ticks = readers.read_ticks(client, names["ledger-ticks"], partitions, codec)
+    records = ((p, item, item_raw)
+               for p in partitions
+               for item, item_raw in _merged(raw[p], ticks[p], ends[p], codec, p))
+    count = export_format.write_export(args.output, records, codec, len(every_partition))
     print(f"exported {count:,} records of {topic} partitions {','.join(map(str, partitions))} to {args.output}")
     return 0

@@ -10,8 +10,10 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from branch_settlement.processors.kafka.errors import KafkaFailure
+from branch_settlement.processors.kafka.ticks import anchor_of
 from branch_settlement.processors.replay.export_format import decode_record
-from branch_settlement.schemas.codec import Codec
+from branch_settlement.processors.replay.replayer import Input, merge_ticks
+from branch_settlement.schemas.codec import Codec, CodecError
 
 # A reader of whole topics: large fetches, and a short wait whenever the fetched records run out, since
 # consume(n, timeout) waits out its timeout on every batch of fewer than n records.
@@ -99,6 +101,41 @@ def read_inputs(client_config: dict, topic: str, partitions: list[int], codec: C
     return {p: [decode_record(codec, p, offset, value)[1:] for offset, _, value in recs] for p, recs in raw.items()}
 
 
+def read_folded_inputs(client_config: dict, names: dict[str, str], partitions: list[int], codec: Codec
+                       ) -> dict[int, list[Input]]:
+    """What the processor folded, per partition: the committed input records with its ledger ticks merged in
+    where it folded them (processors/replay/replayer.py, merge_ticks)."""
+    topic = names["branch-events"]
+    ends = {p: high for p, (high, _) in input_bounds(client_config, topic, partitions).items()}
+    raw = read_committed(client_config, topic, partitions, end=ends)
+    ticks = read_ticks(client_config, names["ledger-ticks"], partitions, codec)
+    return {p: list(merge_ticks((decode_record(codec, p, offset, value)[1] for offset, _, value in raw[p]),
+                                ticks[p], ends[p]))
+            for p in partitions}
+
+
+def read_ticks(client_config: dict, topic: str, partitions: list[int], codec: Codec) -> dict[int, list[Input]]:
+    """The processor's ticks of each partition (topic ledger-ticks), in their order, as ledger-tick Inputs
+    at their anchors, for processors/replay/replayer.py merge_ticks."""
+    raw = read_committed(client_config, topic, partitions)
+    return {p: [tick_input(codec, offset, key, value) for offset, key, value in recs] for p, recs in raw.items()}
+
+
+def tick_input(codec: Codec, offset: int, key: bytes | None, value: bytes | None) -> Input:
+    """A ledger-ticks record as the replay folds it: a Tick before input offset `key`, or a dead letter
+    saying why it is not one (only the processor writes there: any such record is a divergence)."""
+    anchor = anchor_of(key)
+    if anchor is None:
+        return Input(-1, None, f"ledger-ticks offset {offset}: key {key!r} is not an input offset", ledger_tick=True)
+    try:
+        event = codec.decode_event(value or b"")
+    except CodecError as exc:
+        return Input(anchor, None, f"ledger-ticks offset {offset}: {exc}", ledger_tick=True)
+    if event["type"] != "Tick":
+        return Input(anchor, None, f"ledger-ticks offset {offset}: a {event['type']}, not a Tick", ledger_tick=True)
+    return Input(anchor, event, ledger_tick=True)
+
+
 def input_bounds(client_config: dict, topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
     """(end, beginning) of each partition of the input when reading begins; the end is the last stable
     offset (read_committed), where the replay of that partition stops."""
@@ -126,4 +163,4 @@ def stable_ends(admin: AdminClient, topics: list[str], partition: int) -> dict[s
 
 
 __all__ = ["READER_SETTINGS", "BATCH", "IDLE_WAIT_S", "GROUP_ID", "read_committed", "know_leaders", "partitions_of",
-           "offsets_for_time", "read_inputs", "input_bounds", "stable_ends"]
+           "offsets_for_time", "read_inputs", "read_folded_inputs", "read_ticks", "tick_input", "input_bounds", "stable_ends"]

@@ -1,4 +1,5 @@
-"""The cross-check of the committed topics against a re-fold (`settle replay --topic`): `branch-events` is
+"""The cross-check of the committed topics against a re-fold (`settle replay --topic`): `branch-events`, with
+the processor's ticks of `ledger-ticks` merged back in at the input offsets they were folded before, is
 re-folded into fresh projections (the live one is never touched) and every derived output is compared with
 what the processors committed on `settlement-results`, `capacity-releases`, `settlement-audit` and
 `branch-events-dlq`, and the final ledgers with the live projections when given. Each divergence names the
@@ -25,7 +26,8 @@ from branch_settlement.processors.crosscheck.diff import DERIVED, compare_live_l
 from branch_settlement.processors.crosscheck.pool import process_count, run_shares
 from branch_settlement.processors.crosscheck.progress import Progress
 from branch_settlement.processors.crosscheck.readers import (BATCH, GROUP_ID, IDLE_WAIT_S, READER_SETTINGS,
-                                                             input_bounds, know_leaders, partitions_of, stable_ends)
+                                                             input_bounds, know_leaders, partitions_of, read_ticks,
+                                                             stable_ends)
 from branch_settlement.processors.crosscheck.report import PartitionOutcome, Report
 from branch_settlement.processors.kafka.errors import KafkaFailure
 from branch_settlement.processors.ledger.outputs import DEAD_LETTER_TOPIC, OUTPUT_ROUTES, OUTPUT_TOPICS
@@ -49,13 +51,15 @@ def audit_replay(client_config: dict, names: dict[str, str], codec: Codec, *, pa
     spawn: a script calling this from another thread needs the usual `if __name__ == "__main__":` guard)."""
     started = time.monotonic()
     topic = names["branch-events"]
-    partitions = partitions if partitions is not None else partitions_of(client_config, topic)
+    every_partition = partitions_of(client_config, topic)
+    partitions = partitions if partitions is not None else every_partition
     bounds = input_bounds(client_config, topic, partitions)
     order = sorted(partitions, key=lambda p: (bounds[p][1] - bounds[p][0], p))  # the largest first
     report = Report(partitions=partitions)
     progress = Progress(sum(high - low for high, low in bounds.values()), stream=progress_stream or sys.stderr)
     ends = {p: high for p, (high, _) in bounds.items()}
-    job = _Job(client_config, names, order, ends, offset_range, live_ledgers, keep_folded, store_factory)
+    job = _Job(client_config, names, order, ends, len(every_partition), offset_range, live_ledgers, keep_folded,
+               store_factory)
     processes = process_count(jobs, partitions, codec, store_factory)
     by_partition = run_shares(_replay_share, job, order, processes, progress, codec)
     progress.finish()
@@ -78,6 +82,7 @@ class _Job:
     names: dict[str, str]
     order: list[int]  # the partitions, in the order they are taken
     input_ends: dict[int, int]  # where each partition's input ends (when the replay began)
+    partition_count: int  # of the input topic: each partition's fold folds only its own parents
     offset_range: tuple[int, int]
     live: object  # dict[int, dict] | LiveProjections | None
     keep_folded: bool
@@ -128,9 +133,12 @@ class _Output:
 class _Active:
     """A partition being replayed: its fold, fed as input records arrive, and its outputs as read."""
 
-    def __init__(self, p: int, job: _Job, codec: Codec) -> None:
+    def __init__(self, p: int, job: _Job, codec: Codec, ticks: list[Input]) -> None:
         self.p = p
-        self.replayer = Replayer((job.store_factory or MemoryStore)(), codec=codec, partition=p)
+        self.replayer = Replayer((job.store_factory or MemoryStore)(), codec=codec, partition=p,
+                                 partitions=job.partition_count)
+        self.ticks = ticks  # the partition's ledger ticks, merged in before the inputs they were folded before
+        self.next_tick = 0
         self.input_end = 0
         self.inputs_done = False
         self.outputs = {t: _Output() for t in OUTPUT_TOPICS}
@@ -141,6 +149,13 @@ class _Active:
         self._keep = job.keep_folded
         self._routes = [(attr, self.derived[topic], codec.encoder(name)) for attr, topic, name in OUTPUT_ROUTES]
         self._kept = {attr: 0 for attr, _, _ in OUTPUT_ROUTES}
+
+    def feed_ticks(self, before: int) -> None:
+        """Fold the ledger ticks anchored at or before input offset `before` (processors/kafka/ticks.py)."""
+        ticks = self.ticks
+        while self.next_tick < len(ticks) and ticks[self.next_tick].offset <= before:
+            self.feed(ticks[self.next_tick])
+            self.next_tick += 1
 
     def feed(self, item: Input) -> None:
         self.replayer.feed(item)
@@ -178,7 +193,7 @@ def _replay_share(job: _Job, claim: Callable[[], int | None], progress, codec: C
         p = claim()
         if p is None:
             return False
-        part = active[p] = _Active(p, job, codec)
+        part = active[p] = _Active(p, job, codec, read_ticks(job.client_config, names["ledger-ticks"], [p], codec)[p])
         part.input_end = job.input_ends[p]
         consumer.incremental_assign(([TopicPartition(topic, p, OFFSET_BEGINNING)] if part.input_end > 0 else []) +
                                     [TopicPartition(names[t], p, OFFSET_BEGINNING) for t in OUTPUT_TOPICS])
@@ -187,6 +202,7 @@ def _replay_share(job: _Job, claim: Callable[[], int | None], progress, codec: C
         return True
 
     def inputs_done(part: _Active) -> None:
+        part.feed_ticks(part.input_end)  # the ticks made after the last input the replay folds
         part.inputs_done = True
         if part.input_end > 0:
             consumer.incremental_unassign([TopicPartition(topic, part.p)])
@@ -222,6 +238,7 @@ def _replay_share(job: _Job, claim: Callable[[], int | None], progress, codec: C
                         item = Input(offset, decode_event(value or b""))
                     except CodecError as exc:
                         item = Input(offset, None, str(exc))
+                    part.feed_ticks(offset)
                     part.feed(item)
                     folded_since_progress += 1
                     if folded_since_progress == 1000:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 from typing import Callable, Iterable, Iterator, TypeVar
 
-from branch_settlement.processors.replay.export_format import export_input, read_export_rows
+from branch_settlement.processors.replay.export_format import export_input, export_partition_count, read_export_rows
 from branch_settlement.processors.replay.replayer import Input, ReplayResult, _single_threaded, replay, replay_document
 from branch_settlement.processors.replay.errors import ReplayError
 from branch_settlement.processors.replay.workers import (_cores, gather_workers, send_outcome, start_workers,
@@ -68,11 +68,12 @@ def replay_export(path, codec: Codec, render: Callable[[int, ReplayResult, Store
     thread, `jobs - 1` forked processes (default: one per core in all) take partitions too, the largest
     first, and send back what `render` made of them; the file is read once, here."""
     rows = read_export_rows(path)
+    count = export_partition_count(path)
     order = sorted(rows, key=lambda p: (-len(rows[p]), p))
 
     def one(p: int) -> T:
         result, store = replay((export_input(row, codec) for row in rows[p]), MemoryStore(), codec=codec,
-                               partition=p)
+                               partition=p, partitions=count)
         return render(p, result, store)
 
     jobs = min(len(order), jobs or _cores())

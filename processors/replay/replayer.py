@@ -36,10 +36,28 @@ DEFAULT_CHECKPOINT_EVENTS = 10_000
 class Input:
     """One input position: an event, or the reason it is not one."""
 
-    offset: int  # 0-based position in the input (line index for JSON Lines)
+    offset: int  # 0-based position in the input (line index for JSON Lines); a ledger tick's: its anchor
     event: dict | None
     reason: str = ""
     line: int | None = None  # 1-based line number, for JSON Lines
+    # One of the processor's own ticks (topic ledger-ticks), folded before input offset `offset`.
+    ledger_tick: bool = False
+
+
+def merge_ticks(inputs: Iterable[Input], ticks: Iterable[Input], end: int | None = None) -> Iterator[Input]:
+    """A partition's inputs with its ledger ticks in the places the processor folded them: each tick (in
+    the order of ledger-ticks) before the first input at or past its anchor; after the last input, the ticks
+    anchored at most at `end` (where the input was read up to; None: every tick left)."""
+    pending = iter(ticks)
+    tick = next(pending, None)
+    for item in inputs:
+        while tick is not None and tick.offset <= item.offset:
+            yield tick
+            tick = next(pending, None)
+        yield item
+    while tick is not None and (end is None or tick.offset <= end):
+        yield tick
+        tick = next(pending, None)
 
 
 @dataclass
@@ -169,13 +187,16 @@ def replay(
     *,
     codec: Codec | None = None,
     partition: int = 0,
+    partitions: int | None = None,
     checkpoint_events: int = DEFAULT_CHECKPOINT_EVENTS,
     audit_ledger: bool = False,
 ) -> tuple[ReplayResult, Store]:
     """Fold every input into `store` (a fresh MemoryStore by default); return the outputs and the store.
-    `audit_ledger`: run the ledger auditor after every event (processors/ledger/auditor.py)."""
-    replayer = Replayer(store, codec=codec, partition=partition, checkpoint_events=checkpoint_events,
-                        audit_ledger=audit_ledger)
+    `partitions`: the topic's partition count when the inputs are those of topic partition `partition`
+    (processors/ledger/fold.py, Fold). `audit_ledger`: run the ledger auditor after every event
+    (processors/ledger/auditor.py)."""
+    replayer = Replayer(store, codec=codec, partition=partition, partitions=partitions,
+                        checkpoint_events=checkpoint_events, audit_ledger=audit_ledger)
     feed = replayer.feed
     for item in inputs:
         feed(item)
@@ -187,11 +208,13 @@ class Replayer:
     records arrive from the broker), so folding can start before the whole input is read."""
 
     def __init__(self, store: Store | None = None, *, codec: Codec | None = None, partition: int = 0,
-                 checkpoint_events: int = DEFAULT_CHECKPOINT_EVENTS, audit_ledger: bool = False) -> None:
+                 partitions: int | None = None, checkpoint_events: int = DEFAULT_CHECKPOINT_EVENTS,
+                 audit_ledger: bool = False) -> None:
         self.codec = codec or default_codec()
         self.store = store if store is not None else MemoryStore()
         self.view = open_view(self.store, self.codec)
-        self.fold = (AuditedFold if audit_ledger else Fold)(self.view, partition)
+        self.fold = (AuditedFold(self.view, partition, partitions=partitions) if audit_ledger
+                     else Fold(self.view, partition, partitions))
         self.result = ReplayResult(Outputs())
         self.checkpoint_events = checkpoint_events
         self.since_checkpoint = 0
@@ -202,9 +225,10 @@ class Replayer:
             self.result.dead_letters.append({"line": item.line, "event_id": None, "offset": item.offset,
                                              "reason": item.reason})
             return
-        self.fold.apply(item.event, item.offset, self.result.outputs)
+        self.fold.apply(item.event, item.offset, self.result.outputs, item.ledger_tick)
         self.result.events += 1
-        self.last_offset = item.offset
+        if not item.ledger_tick:
+            self.last_offset = item.offset
         self.since_checkpoint += 1
         if self.since_checkpoint >= self.checkpoint_events:
             _checkpoint(self.view, self.store, self.last_offset)
