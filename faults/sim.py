@@ -29,7 +29,6 @@ import logging
 import random
 import sys
 import time
-import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -45,14 +44,16 @@ from branch_settlement.processors.workload import Mix
 from branch_settlement.processors.kafka.config import ProcessorConfig
 from branch_settlement.processors.kafka.metrics import Metrics
 from branch_settlement.processors.kafka.processor import Processor
-from branch_settlement.processors.replay.replayer import Input, ledger_snapshot, replay
+from branch_settlement.processors.kafka.ticks import tick_event
+from branch_settlement.processors.replay.replayer import Input, ledger_snapshot, merge_ticks, replay
 from branch_settlement.projections.store import MemoryStore
 from branch_settlement.schemas.codec import CodecError, default_codec
+from branch_settlement.schemas.partitioning import partition_of
 from branch_settlement.processors.ledger.outputs import OUTPUT_TOPICS
 
 PARTITIONS = 2
-TOPICS = {name: name for name in ("branch-events", "ledger-changelog", "settlement-results", "capacity-releases",
-                                  "settlement-audit", "branch-events-dlq")}
+TOPICS = {name: name for name in ("branch-events", "ledger-changelog", "ledger-ticks", "settlement-results",
+                                  "capacity-releases", "settlement-audit", "branch-events-dlq")}
 CRASH_POINTS = ("after_produce", "after_send_offsets", "after_commit", "mid_restore")
 BROKER_FAULTS = ("delivery_failed", "fenced", "send_offsets_timed_out", "commit_retriable", "commit_requires_abort",
                  "commit_unknown_committed", "commit_unknown_not_committed")
@@ -92,6 +93,8 @@ class Log:
 @dataclass
 class Broker:
     inputs: dict[int, list[bytes]]
+    # The ledger time the processor's clock shows as each partition reaches an input offset: (offset, now_ms).
+    clock: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     logs: dict[tuple[str, int], Log] = field(default_factory=dict)
     group_offsets: dict[int, int] = field(default_factory=dict)
     open_txn: dict | None = None  # {"epoch", "entries": [(topic, p, index)], "offsets": {p: offset}}
@@ -312,21 +315,39 @@ class Plan:
 
 
 @functools.lru_cache(maxsize=64)
-def partition_inputs(seed: int, events: int) -> tuple[dict[int, list[bytes]], Counter]:
+def partition_inputs(seed: int, events: int) -> tuple[dict[int, list[bytes]], dict[int, list[tuple[int, int]]], Counter]:
+    """The stream's events routed by the producer's partitioner, and its Ticks turned into the processor's
+    clock: each partition ticks at the input offset where the stream had it (the processor's ticks are its
+    own, on ledger-ticks; none is on the input)."""
     workload = build(seed, events, SIM_MIX)
     inputs: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
+    clock: dict[int, list[tuple[int, int]]] = {p: [] for p in range(PARTITIONS)}
     for n, record in enumerate(workload.records):
         if isinstance(record, str):
             inputs[n % PARTITIONS].append(record.encode())
             continue
         event = CODEC.event_from_json(record)
-        value = CODEC.encode_event(event)
         if event["type"] == "Tick":
             for p in range(PARTITIONS):
-                inputs[p].append(value)
-        else:
-            inputs[zlib.crc32(event["parent_id"].encode()) % PARTITIONS].append(value)
-    return inputs, workload.adversity
+                clock[p].append((len(inputs[p]), event["now_ms"]))
+            continue
+        inputs[partition_of(event["parent_id"], PARTITIONS)].append(CODEC.encode_event(event))
+    return inputs, clock, workload.adversity
+
+
+def make_due_ticks(processor: Processor, broker: Broker, p: int, offset: int) -> None:
+    """The processor's clock: before partition `p` folds input `offset`, the ticks its ledger has not seen
+    that the clock shows by then, folded as the processor folds its own (PartitionTask.fold_tick)."""
+    task = processor.tasks.get(p)
+    if task is None or task.stopped or offset < task.next_offset:
+        return
+    for anchor, now_ms in broker.clock.get(p, ()):
+        if anchor > offset:
+            break
+        if now_ms > task.view.meta["ledger_time_ms"]:
+            assert task.next_offset == anchor or task.next_offset < 0 and anchor == 0, (
+                f"partition {p}: a tick due before input {anchor} was not folded before input {task.next_offset}")
+            task.fold_tick(tick_event(p, now_ms))
 
 
 @contextlib.contextmanager
@@ -354,10 +375,11 @@ CONFIG = ProcessorConfig(bootstrap_servers="sim:0", worker_slot="sim", tick_inte
                          commit_interval_ms=10**9, commit_records=SIM_COMMIT_RECORDS)
 
 
-def simulate(inputs: dict[int, list[bytes]], plan: Plan, checkpoint_rate: float, max_incarnations: int = 200
-             ) -> tuple[Broker, dict[int, MemoryStore], int]:
-    """Run processors until the input is folded and committed; a crash starts a new incarnation."""
-    broker = Broker(inputs)
+def simulate(inputs: dict[int, list[bytes]], clock: dict[int, list[tuple[int, int]]], plan: Plan,
+             checkpoint_rate: float, max_incarnations: int = 200) -> tuple[Broker, dict[int, MemoryStore], int]:
+    """Run processors until the input is folded and committed, and every tick; a crash starts a new
+    incarnation."""
+    broker = Broker(inputs, clock)
     stores: dict[int, MemoryStore] = {}
     incarnations = 0
     with patched(plan, broker, stores):
@@ -369,6 +391,7 @@ def simulate(inputs: dict[int, list[bytes]], plan: Plan, checkpoint_rate: float,
                 stores.pop(plan.rng.randrange(PARTITIONS), None)
             processor = Processor(CONFIG, TOPICS, CODEC, Metrics())
             processor._new_producer = lambda: FakeProducer(broker, plan)
+            processor._partition_count = lambda consumer: PARTITIONS
             try:
                 if _incarnation(processor, broker, plan, checkpoint_rate):
                     return broker, stores, incarnations
@@ -386,6 +409,7 @@ def _incarnation(processor: Processor, broker: Broker, plan: Plan, checkpoint_ra
     fold = processor._fold
 
     def fold_then_maybe_crash(message):
+        make_due_ticks(processor, broker, message.partition(), message.offset())
         task = fold(message)
         if plan.take("crash_between_folds"):
             raise SimCrash("between folds")
@@ -397,10 +421,14 @@ def _incarnation(processor: Processor, broker: Broker, plan: Plan, checkpoint_ra
         stopped = [t for t in processor.tasks.values() if t.stopped]
         if stopped:  # an invariant violation: the partition would wait for a fix forever
             raise PartitionStopped(f"partition {stopped[0].partition} stopped: {stopped[0].stopped}")
+        if consumer.done():  # the ticks after each partition's last input
+            for p in broker.inputs:
+                make_due_ticks(processor, broker, p, len(broker.inputs[p]))
         if rng.random() < checkpoint_rate or consumer.done():
             processor.checkpoint()
         if consumer.done() and not any(t.has_work() for t in processor.tasks.values()) and all(
-                broker.group_offsets.get(p, 0) == len(broker.inputs[p]) for p in broker.inputs):
+                broker.group_offsets.get(p, 0) == len(broker.inputs[p]) for p in broker.inputs) and all(
+                len(broker.log("ledger-ticks", p).committed()) == len(broker.clock[p]) for p in broker.inputs):
             return True
 
 
@@ -414,6 +442,8 @@ def committed_outputs(broker: Broker) -> dict[tuple[str, int, str], list[bytes]]
             out.setdefault((topic, p, "DeadLetter" if topic == "branch-events-dlq" else "SettlementResult"), [])
             for _, _, v in broker.log(topic, p).committed():
                 out.setdefault((topic, p, CODEC.decode(v)[0]), []).append(v)
+    for p in range(PARTITIONS):  # each tick once, keyed by the input offset it was folded before
+        out[("ledger-ticks", p, "Tick")] = [k + b" " + v for _, k, v in broker.log("ledger-ticks", p).committed()]
     return out
 
 
@@ -437,8 +467,8 @@ def reference(seed: int, events: int) -> Reference:
     """The run without faults, checked against the offline fold once."""
     key = (seed, events)
     if key not in _references:
-        inputs, _ = partition_inputs(seed, events)
-        broker, stores, _ = simulate(inputs, Plan(random.Random(seed)), checkpoint_rate=0.3)
+        inputs, clock, _ = partition_inputs(seed, events)
+        broker, stores, _ = simulate(inputs, clock, Plan(random.Random(seed)), checkpoint_rate=0.3)
         outputs = committed_outputs(broker)
         offline = {}
         for p, values in inputs.items():
@@ -448,9 +478,11 @@ def reference(seed: int, events: int) -> Reference:
                     items.append(Input(offset, CODEC.decode_event(value)))
                 except CodecError as exc:
                     items.append(Input(offset, None, str(exc)))
+            ticks = [Input(anchor, tick_event(p, now_ms), ledger_tick=True) for anchor, now_ms in clock[p]]
             # The ledger auditor checks every balance term after every event of the reference fold: every faulty
             # run must then reproduce it byte for byte.
-            result, store = replay(items, codec=CODEC, partition=p, audit_ledger=True)
+            result, store = replay(merge_ticks(items, ticks), codec=CODEC, partition=p, partitions=PARTITIONS,
+                                   audit_ledger=True)
             offline[p] = (result, ledger_snapshot(store, CODEC))
             got = [CODEC.decode(v)[1] for v in outputs[("settlement-results", p, "SettlementResult")]]
             assert got == result.outputs.results, f"seed {seed}: the fault-free run's results differ from the offline fold"
@@ -467,7 +499,7 @@ def run_seed(seed: int, events: int = 60, streams: int = 20) -> dict:
     seeds that agree modulo `streams` share an input stream (and its fault-free reference)."""
     rng = random.Random(seed)
     stream_seed = seed % streams
-    inputs, adversity = partition_inputs(stream_seed, events)
+    inputs, clock, adversity = partition_inputs(stream_seed, events)
     inputs = {p: list(values) for p, values in inputs.items()}
     ref = reference(stream_seed, events)
     plan = Plan(rng)
@@ -477,7 +509,7 @@ def run_seed(seed: int, events: int = 60, streams: int = 20) -> dict:
     plan.rates = {fault: rng.choice((0.0, 0.0, 0.02, 0.08)) for fault in BROKER_FAULTS}
     plan.rates.update(redeliver=rng.choice((0.0, 0.1)), crash_between_folds=rng.choice((0.0, 0.0, 0.01)),
                       delete_projection=rng.choice((0.0, 0.2)))
-    broker, stores, incarnations = simulate(inputs, plan, checkpoint_rate=rng.choice((0.05, 0.3, 1.0)))
+    broker, stores, incarnations = simulate(inputs, clock, plan, checkpoint_rate=rng.choice((0.05, 0.3, 1.0)))
     where = f"seed {seed} (reproduce: python -m faults.sim --seed {seed})"
     outputs = committed_outputs(broker)
     if set(outputs) - set(ref.outputs):

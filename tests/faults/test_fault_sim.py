@@ -55,8 +55,8 @@ def test_a_projection_written_before_the_commit_is_caught(monkeypatch) -> None:
 
     encode = checkpoint.encode_checkpoint
 
-    def eager(tasks, ticks, topics):
-        count, changes = encode(tasks, ticks, topics)
+    def eager(tasks, topics):
+        count, changes = encode(tasks, topics)
         for task in tasks:
             task.store.write(changes[task.partition], task.store.changelog_offset())
         return count, changes

@@ -19,7 +19,7 @@ SPEC = json.loads(topics.DEFAULT_SPEC_PATH.read_text())
 
 def test_spec_has_the_topics_of_spec_sections_10_and_11():
     spec = topics.load_spec()
-    assert set(spec.names()) == {"branch-events", "ledger-changelog", "capacity-releases",
+    assert set(spec.names()) == {"branch-events", "ledger-changelog", "ledger-ticks", "capacity-releases",
                                  "settlement-results", "settlement-audit", "branch-events-dlq"}
     assert spec.topic("branch-events").config["retention.ms"] == "-1"
     assert spec.topic("branch-events").config["cleanup.policy"] == "delete"

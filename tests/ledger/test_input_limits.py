@@ -268,7 +268,7 @@ def test_the_dead_letter_of_an_oversized_record_keeps_its_head_and_a_bounded_key
     with pytest.raises(CodecError) as refused:
         codec.decode_event(original)
     assert "1048576 bytes (sha256 " in str(refused.value)  # the reason names what the dead letter cannot keep
-    task = PartitionTask(0, MemoryStore(), codec, 0)
+    task = PartitionTask(0, MemoryStore(), codec, 0, 1)
     task.dead_letter(b"k" * 100_000, {"source_topic": "branch-events", "partition": 0, "offset": 7,
                                       "original": original, "reason": str(refused.value), "line": None,
                                       "event_id": None})
