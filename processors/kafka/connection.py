@@ -1,9 +1,13 @@
 """librdkafka client settings: bootstrap servers plus settings passed through untouched (TLS, SASL, ...).
 
-Precedence, lowest first: defaults < environment (SETTLE_BOOTSTRAP_SERVERS, SETTLE_KAFKA_<SETTING>) < flags
+Precedence, lowest first: defaults < settings files (--kafka-config-file, SETTLE_KAFKA_CONFIG_FILE) <
+environment (SETTLE_BOOTSTRAP_SERVERS, SETTLE_KAFKA_<SETTING>, SETTLE_KAFKA_<SETTING>_FILE) < flags
 (--bootstrap-servers, --kafka-config KEY=VALUE). Setting names are librdkafka's own
 (https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md); nothing here interprets them, so
 every security mechanism librdkafka supports works without code changes.
+
+Secrets (a SASL password, a key's password) never come from the command line, where every user of the
+machine can read them (`ps`, shell history): --kafka-config refuses them and names the places they go.
 """
 
 from __future__ import annotations
@@ -21,26 +25,102 @@ BOOTSTRAP_SERVERS_ENV = "SETTLE_BOOTSTRAP_SERVERS"
 SETTING_ENV_PREFIX = "SETTLE_KAFKA_"
 # One way to name the cluster: a pass-through bootstrap.servers would silently compete with the flag.
 _RESERVED_SETTINGS = frozenset({"bootstrap.servers", "metadata.broker.list"})
+# A librdkafka properties file (key=value lines), the environment's form of --kafka-config-file.
+CONFIG_FILE_ENV = "SETTLE_KAFKA_CONFIG_FILE"
+# SETTLE_KAFKA_SASL_PASSWORD_FILE=/run/secrets/kafka: the value of sasl.password is that file's content.
+FILE_SUFFIX = "_FILE"
+# Settings whose value is a secret: refused on the command line.
+SECRET_SETTINGS = frozenset({"sasl.password", "ssl.key.password", "ssl.keystore.password", "ssl.key.pem",
+                             "sasl.oauthbearer.client.secret", "sasl.oauthbearer.assertion.private.key.passphrase"})
 
 
 def settings_from_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """librdkafka settings from SETTLE_KAFKA_<SETTING> variables, e.g. SETTLE_KAFKA_SASL_MECHANISM."""
-    settings = {}
+    """librdkafka settings from SETTLE_KAFKA_<SETTING> variables, e.g. SETTLE_KAFKA_SASL_MECHANISM, and from
+    SETTLE_KAFKA_<SETTING>_FILE variables naming a file that holds the value (SETTLE_KAFKA_SASL_PASSWORD_FILE).
+    A value given directly wins over the same setting's file. SETTLE_KAFKA_CONFIG_FILE is not a setting: it
+    names a settings file (`settings_from_files`)."""
+    settings, from_files = {}, {}
     for name, value in environ.items():
-        if name.startswith(SETTING_ENV_PREFIX) and len(name) > len(SETTING_ENV_PREFIX):
+        if not name.startswith(SETTING_ENV_PREFIX) or len(name) <= len(SETTING_ENV_PREFIX) or name == CONFIG_FILE_ENV:
+            continue
+        if name.endswith(FILE_SUFFIX) and len(name) > len(SETTING_ENV_PREFIX) + len(FILE_SUFFIX):
+            key = name[len(SETTING_ENV_PREFIX):-len(FILE_SUFFIX)].lower().replace("_", ".")
+            from_files[_checked_key(key, source=name)] = _read_secret(value, source=name)
+        else:
             key = name[len(SETTING_ENV_PREFIX):].lower().replace("_", ".")
             settings[_checked_key(key, source=name)] = value
-    return settings
+    return {**from_files, **settings}
+
+
+def _read_secret(path: str, source: str) -> str:
+    """A value kept in a file of its own (a mounted secret): its content without the final line break."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = f.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{source}={path}: cannot read it: {_reason(err)}") from None
+    return value[:-1] if value.endswith("\n") else value
+
+
+def _reason(err: Exception) -> str:
+    return err.strerror if isinstance(err, OSError) and err.strerror else str(err)
 
 
 def parse_settings(pairs: Iterable[str]) -> dict[str, str]:
-    """librdkafka settings from KEY=VALUE strings (the --kafka-config flag); the last one of a key wins."""
+    """librdkafka settings from KEY=VALUE strings (the --kafka-config flag); the last one of a key wins.
+    Secrets are refused: the command line is readable by every user of the machine."""
     settings = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--kafka-config {pair!r}: expected KEY=VALUE, e.g. security.protocol=SSL")
-        settings[_checked_key(key.strip(), source=f"--kafka-config {pair!r}")] = value
+        key = key.strip()
+        if key in SECRET_SETTINGS:
+            env = SETTING_ENV_PREFIX + key.upper().replace(".", "_")
+            # The message names the setting, never the value.
+            raise ConfigError(f"--kafka-config {key}=...: a secret on the command line can be read by every user "
+                              f"of this machine (ps, shell history); put it in {env}, in a file named by "
+                              f"{env}{FILE_SUFFIX}, or in a --kafka-config-file")
+        settings[_checked_key(key, source=f"--kafka-config {pair!r}")] = value
+    return settings
+
+
+def parse_properties(text: str, source: str) -> dict[str, str]:
+    """librdkafka settings from a properties file's text: `key=value` lines; blank lines and lines starting
+    with `#` or `!` are ignored; spaces around the key and before the value are not part of them."""
+    settings = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped[0] in "#!":
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{source}, line {number}: expected key=value, e.g. security.protocol=SASL_SSL")
+        settings[_checked_key(key.strip(), source=f"{source}, line {number}")] = value.lstrip()
+    return settings
+
+
+def settings_from_files(paths: Iterable[str]) -> dict[str, str]:
+    """librdkafka settings from properties files (--kafka-config-file); a later file wins."""
+    settings = {}
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"--kafka-config-file {path}: cannot read it: {_reason(err)}") from None
+        settings.update(parse_properties(text, source=path))
+    return settings
+
+
+def settings_from_args(args: argparse.Namespace | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """Every librdkafka setting of the `add_connection_arguments` flags and the environment, in precedence
+    order: settings files (SETTLE_KAFKA_CONFIG_FILE, then --kafka-config-file) < SETTLE_KAFKA_* < --kafka-config."""
+    files = [environ[CONFIG_FILE_ENV]] if environ.get(CONFIG_FILE_ENV) else []
+    files += list(getattr(args, "kafka_config_file", None) or [])
+    settings = settings_from_files(files)
+    settings.update(settings_from_env(environ))
+    settings.update(parse_settings(getattr(args, "kafka_config", None) or []))
     return settings
 
 
@@ -72,7 +152,14 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
         help="a librdkafka setting passed through untouched, e.g. security.protocol=SASL_SSL, "
              "sasl.mechanism=SCRAM-SHA-512, ssl.ca.location=/etc/ca.pem; repeatable. "
              f"Also from the environment as {SETTING_ENV_PREFIX}<SETTING> (dots as underscores, "
-             f"e.g. {SETTING_ENV_PREFIX}SASL_USERNAME); the flag wins")
+             f"e.g. {SETTING_ENV_PREFIX}SASL_USERNAME), or read from a file named by "
+             f"{SETTING_ENV_PREFIX}<SETTING>{FILE_SUFFIX}; the flag wins. Secrets (sasl.password, key "
+             "passwords) are refused here: use the environment or a file")
+    parser.add_argument(
+        "--kafka-config-file", metavar="FILE", action="append", default=[],
+        help="a librdkafka properties file, key=value lines (# comments), e.g. security.protocol, "
+             f"sasl.username, sasl.password, ssl.ca.location; repeatable, a later file wins (env {CONFIG_FILE_ENV}). "
+             f"Below {SETTING_ENV_PREFIX}* and --kafka-config in precedence")
 
 
 def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -80,6 +167,4 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
     environ = os.environ if environ is None else environ
     bootstrap_servers = (args.bootstrap_servers or environ.get(BOOTSTRAP_SERVERS_ENV)
                          or DEFAULT_BOOTSTRAP_SERVERS)
-    settings = settings_from_env(environ)
-    settings.update(parse_settings(args.kafka_config))
-    return client_config(bootstrap_servers, settings)
+    return client_config(bootstrap_servers, settings_from_args(args, environ))
