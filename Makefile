@@ -4,10 +4,9 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-SHARED ?= $(abspath ../shared)
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit verify kafka-up kafka-down kafka-status bench bench-quick bench-fold bench-replay faults clean
+.PHONY: install demo test test-unit verify kafka-up kafka-down kafka-status kafka-secure-up kafka-secure-down kafka-secure-status bench bench-quick bench-fold bench-replay faults clean
 
 install: $(STAMP)
 
@@ -19,13 +18,13 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: install kafka-up
-	SHARED_DIR=$(SHARED) $(BIN)/python -m branch_settlement.processors.kafka.demo
+	$(BIN)/python -m branch_settlement.processors.kafka.demo
 
 test: install kafka-up
-	SHARED_DIR=$(SHARED) $(BIN)/pytest
+	$(BIN)/pytest
 
 test-unit: install
-	SHARED_DIR=$(SHARED) $(BIN)/pytest -m unit
+	$(BIN)/pytest -m unit
 
 # The bounded exhaustive check of the fold, deeper than `make test` runs it (tests/ledger/exhaustive.py).
 DEPTH ?= 5
@@ -41,6 +40,17 @@ kafka-down:
 kafka-status:
 	@bash deploy/kafka.sh status
 
+# The secured broker (docs/security.md): SASL_SSL on 9192, mutual TLS on 9193, ACLs enforced. `make test` needs
+# no running one: tests/kafka/test_secured_broker.py starts its own with the same script, on free ports.
+kafka-secure-up:
+	@bash deploy/kafka-secure.sh up
+
+kafka-secure-down:
+	@bash deploy/kafka-secure.sh down
+
+kafka-secure-status:
+	@bash deploy/kafka-secure.sh status
+
 bench-fold: install
 	$(BIN)/python bench/fold.py
 
@@ -55,7 +65,7 @@ bench-replay: install kafka-up
 	$(BIN)/python bench/replay_ratio.py --repeat 2
 
 faults: install kafka-up
-	SHARED_DIR=$(SHARED) $(BIN)/python -m faults.run
+	$(BIN)/python -m faults.run
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

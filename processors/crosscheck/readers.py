@@ -9,6 +9,7 @@ from typing import Iterable
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from branch_settlement.processors.kafka.clients import positions_reached
 from branch_settlement.processors.kafka.errors import KafkaFailure
 from branch_settlement.processors.kafka.ticks import anchor_of
 from branch_settlement.processors.replay.export_format import decode_record
@@ -54,11 +55,18 @@ def read_committed(client_config: dict, topic: str, partitions: Iterable[int], s
                 records[p].append((message.offset(), message.key(), message.value()))
                 if message.offset() >= end[p] - 1:
                     pending.discard(p)
+            pending -= reached(consumer, topic, pending, end)
         return records
     except KafkaException as exc:
         raise KafkaFailure.wrap(f"reading {topic}", exc) from None
     finally:
         consumer.close()
+
+
+def reached(consumer: Consumer, topic: str, partitions, end: dict[int, int]) -> set[int]:
+    """The partitions of `topic` whose position is at or past `end` (clients.positions_reached)."""
+    return {p for _, p in positions_reached(consumer, [(topic, p) for p in partitions],
+                                            {(topic, p): end[p] for p in partitions})}
 
 
 def know_leaders(consumer: Consumer, topics: list[str]) -> None:
@@ -162,5 +170,5 @@ def stable_ends(admin: AdminClient, topics: list[str], partition: int) -> dict[s
         raise KafkaFailure.wrap(f"end offsets of partition {partition}", exc) from None
 
 
-__all__ = ["READER_SETTINGS", "BATCH", "IDLE_WAIT_S", "GROUP_ID", "read_committed", "know_leaders", "partitions_of",
+__all__ = ["READER_SETTINGS", "BATCH", "IDLE_WAIT_S", "GROUP_ID", "read_committed", "reached", "know_leaders", "partitions_of",
            "offsets_for_time", "read_inputs", "read_folded_inputs", "read_ticks", "tick_input", "input_bounds", "stable_ends"]

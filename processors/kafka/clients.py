@@ -158,6 +158,36 @@ class BranchEventProducer:
         self._send("ParentClosed", parent_id, idempotency_key, occurred_at_ms, event_id, outcome=outcome)
 
 
+_NOT_READY = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                        KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT})
+
+
+def high_watermark(consumer: Consumer, tp: TopicPartition, timeout_s: float = 15.0) -> int:
+    """The partition's end offset, asked again while the broker says it is not ready (a topic just created:
+    its leader not yet known everywhere)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=max(deadline - time.monotonic(), 1))[1]
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if not isinstance(err, KafkaError) or not (err.retriable() or err.code() in _NOT_READY) \
+                    or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
+def positions_reached(consumer: Consumer, partitions: list[tuple[str, int]], ends: dict[tuple[str, int], int]
+                      ) -> set[tuple[str, int]]:
+    """The (topic, partition)s whose position is at or past its end in `ends`: the last records before it
+    may be transaction markers or aborted records, never delivered, and while the processor writes (its
+    ticks, every interval) the end moves on before an end-of-partition event could say it was reached."""
+    if not partitions:
+        return set()
+    positions = consumer.position([TopicPartition(topic, p) for topic, p in partitions])
+    return {(tp.topic, tp.partition) for tp in positions if tp.offset >= 0 and tp.offset >= ends[(tp.topic, tp.partition)]}
+
+
 @dataclass(frozen=True)
 class OutputRecord:
     kind: str  # "SettlementResult", "CapacityReleased", "ParentSettled", "AuditRecord", "DeadLetter"
@@ -171,7 +201,8 @@ def read_outputs(client_config: dict, topics: list[str], *, group_id: str | None
                  until_end: bool = True, idle_timeout_s: float = 5.0, codec: Codec | None = None
                  ) -> Iterator[OutputRecord]:
     """Typed records of the output topics, read_committed: only what a committed transaction wrote.
-    With `until_end` (default) it stops at the end of every partition; without a group it reads from the
+    With `until_end` (default) it stops at the end every partition had when reading began (the processor
+    writes its ticks' results every interval: the ends move on); without a group it reads from the
     beginning and commits nothing (an audit read)."""
     codec = codec or default_codec()
     consumer = Consumer({**client_config, "group.id": group_id or f"settle-reader-{uuid.uuid4()}",
@@ -186,7 +217,8 @@ def read_outputs(client_config: dict, topics: list[str], *, group_id: str | None
             consumer.assign(assignment)
         else:
             consumer.subscribe(topics)
-        at_end: set[tuple[str, int]] = set()
+        ends = {(tp.topic, tp.partition): high_watermark(consumer, tp) for tp in assignment}
+        at_end: set[tuple[str, int]] = {tp for tp, end in ends.items() if end == 0}
         idle_since = None
         while True:
             messages = consumer.consume(num_messages=1_000, timeout=0.5)
@@ -203,10 +235,13 @@ def read_outputs(client_config: dict, topics: list[str], *, group_id: str | None
                         at_end.add((message.topic(), message.partition()))
                         continue
                     raise KafkaException(err)
-                at_end.discard((message.topic(), message.partition()))
+                if until_end and message.offset() >= ends[(message.topic(), message.partition())]:
+                    continue
                 kind, record = codec.decode(message.value())
                 yield OutputRecord(kind, record, message.topic(), message.partition(), message.offset())
-            if until_end and len(at_end) == len(assignment):
-                return
+            if until_end:
+                at_end |= positions_reached(consumer, [tp for tp in ends if tp not in at_end], ends)
+                if len(at_end) == len(assignment):
+                    return
     finally:
         consumer.close()

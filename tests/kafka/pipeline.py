@@ -1,6 +1,7 @@
 """Helpers for end-to-end tests of `settle run` against the real broker: run processors as separate
-processes (so they can be killed, paused and resumed), read topics back read_committed, and fold the
-committed input offline, partition by partition, for comparison."""
+processes (so they can be killed, paused and resumed; they tick from the system clock, as in production),
+read topics back read_committed, and fold what they folded offline (the committed input with their ticks of
+ledger-ticks merged in), partition by partition, for comparison."""
 
 from __future__ import annotations
 
@@ -14,11 +15,16 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from branch_settlement.processors.replay.replayer import Input, ledger_snapshot, replay
+from branch_settlement.processors.crosscheck.readers import reached, read_folded_inputs
+from branch_settlement.processors.kafka.clients import high_watermark
+from branch_settlement.processors.replay.replayer import ledger_snapshot, replay
 from branch_settlement.projections.store import RocksStore
-from branch_settlement.schemas.codec import CodecError, default_codec
+from branch_settlement.schemas.codec import default_codec
 
 REPO = Path(__file__).resolve().parents[2]
+# The processors' own ticks: often enough that every test folds many, and that they fall between events,
+# across checkpoints, kills and rebalances.
+TICK_INTERVAL_MS = "200"
 
 
 class ProcessorProcess:
@@ -27,7 +33,7 @@ class ProcessorProcess:
         self.log_path = log_path
         args = [sys.executable, "-m", "branch_settlement.processors.cli.main", "run", "--bootstrap-servers", kafka_topics.bootstrap_servers,
                 "--topic-prefix", kafka_topics.prefix, "--state-dir", str(state_dir), "--group-id", group,
-                "--worker-slot", slot, "--tick-interval-ms", "0", "--session-timeout-ms", "6000",
+                "--worker-slot", slot, "--tick-interval-ms", TICK_INTERVAL_MS, "--session-timeout-ms", "6000",
                 "--commit-interval-ms", "100", *extra_args]
         env = {**os.environ, **(extra_env or {})}
         self.log = open(log_path, "ab")
@@ -55,25 +61,30 @@ class ProcessorProcess:
 
 
 def read_partitions(bootstrap: str, topic: str, decode: bool = True) -> dict[int, list]:
-    """Every committed record of a topic, per partition in offset order: (offset, key, value or decoded)."""
+    """Every committed record of a topic up to its ends when reading began, per partition in offset order:
+    (offset, key, value or decoded)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-reader", "enable.auto.commit": False,
                          "isolation.level": "read_committed", "enable.partition.eof": True})
     codec = default_codec()
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, -2) for p in partitions])
+        end = {p: high_watermark(consumer, TopicPartition(topic, p)) for p in partitions}
+        pending = {p for p in partitions if end[p] > 0}
+        consumer.assign([TopicPartition(topic, p, -2) for p in pending])
         records: dict[int, list] = defaultdict(list)
-        pending = set(partitions)
         deadline = time.monotonic() + 120
         while pending and time.monotonic() < deadline:
-            for message in consumer.consume(num_messages=5_000, timeout=1.0):
+            for message in consumer.consume(num_messages=5_000, timeout=0.2):
                 if message.error():
                     if message.error().code() == KafkaError._PARTITION_EOF:
                         pending.discard(message.partition())
                         continue
                     raise AssertionError(message.error().str())
+                if message.offset() >= end[message.partition()]:
+                    continue
                 value = codec.decode(message.value())[1] if decode else message.value()
                 records[message.partition()].append((message.offset(), message.key(), value))
+            pending -= reached(consumer, topic, pending, end)
         assert not pending, f"{topic}: partitions {pending} never reached their end"
         return dict(records)
     finally:
@@ -84,20 +95,40 @@ def count_records(bootstrap: str, topic: str) -> int:
     return sum(len(v) for v in read_partitions(bootstrap, topic, decode=False).values())
 
 
+def is_input_result(result: dict) -> bool:
+    """Whether a result answers an input record, not one of the processor's own ticks (a Tick among the
+    input is always `tick_not_accepted`)."""
+    return result["event_type"] != "Tick" or result["result"] == "tick_not_accepted"
+
+
+def count_input_results(bootstrap: str, kafka_topics) -> int:
+    return sum(is_input_result(r) for recs in read_partitions(bootstrap, kafka_topics.name("settlement-results")).values()
+               for _, _, r in recs)
+
+
+def example_events(example: Path, directory: Path) -> Path:
+    """A copy of a JSON Lines example without its Tick lines: ledger time is the processor's to make."""
+    events = directory / f"{example.stem}.events.jsonl"
+    events.write_text("".join(line for line in example.read_text().splitlines(keepends=True)
+                              if '"type":"Tick"' not in line.replace(" ", "")))
+    return events
+
+
+def topic_names(kafka_topics) -> dict[str, str]:
+    return {topic.logical_name: topic.name for topic in kafka_topics.spec.topics}
+
+
 def offline(bootstrap: str, kafka_topics, stores_dir: Path | None = None):
-    """Fold the committed input topic offline, partition by partition: (results, releases, ledgers) keyed
-    by partition, exactly as `settle replay` would fold each partition."""
+    """Fold what the processors folded offline, partition by partition: the committed input with their
+    ticks merged in, with the topic's partition count; (results, releases, ledgers, dead letters) keyed by
+    partition, exactly as `settle replay --topic` folds each partition."""
     codec = default_codec()
-    inputs = read_partitions(bootstrap, kafka_topics.name("branch-events"), decode=False)
+    partitions = kafka_topics.spec.topic("branch-events").partitions
+    inputs = read_folded_inputs({"bootstrap.servers": bootstrap}, topic_names(kafka_topics), list(range(partitions)),
+                                codec)
     results, releases, ledgers, dead = {}, {}, {}, {}
-    for partition, records in inputs.items():
-        items = []
-        for offset, _, value in records:
-            try:
-                items.append(Input(offset, codec.decode_event(value)))
-            except CodecError as exc:
-                items.append(Input(offset, None, str(exc)))
-        result, store = replay(items, codec=codec, partition=partition)
+    for partition, items in inputs.items():
+        result, store = replay(items, codec=codec, partition=partition, partitions=partitions)
         results[partition] = [(r["event_id"], r["result"], r["input_offset"]) for r in result.outputs.results]
         releases[partition] = [_release(r) for r in result.outputs.releases]
         ledgers[partition] = ledger_snapshot(store, codec)
@@ -122,11 +153,12 @@ def published(bootstrap: str, kafka_topics):
 
 
 def wait_for_results(bootstrap: str, kafka_topics, expected: int, timeout_s: float, procs=()) -> None:
-    """Until `expected` results are committed (or a processor died, or time ran out)."""
+    """Until `expected` results of input records are committed (the processors' tick results not counted), or
+    a processor died, or time ran out."""
     deadline = time.monotonic() + timeout_s
     seen = 0
     while time.monotonic() < deadline:
-        seen = count_records(bootstrap, kafka_topics.name("settlement-results"))
+        seen = count_input_results(bootstrap, kafka_topics)
         if seen >= expected:
             return
         for proc in procs:

@@ -57,7 +57,7 @@ def copy_with_tampering(kafka_topics, admin, prefix: str):
             offsets[label] = (msg.partition(), msg.offset())
         return delivered
 
-    for logical in ("branch-events", "settlement-results", "settlement-audit", "branch-events-dlq",
+    for logical in ("branch-events", "ledger-ticks", "settlement-results", "settlement-audit", "branch-events-dlq",
                     "capacity-releases"):
         source = read_partitions(kafka_topics.bootstrap_servers, kafka_topics.name(logical), decode=False)
         target = spec.topic(logical).name

@@ -4,7 +4,10 @@ good events after them settle, and other parents' balances are what they would b
 The records: an undecodable record of 900 KB (its dead letter must still fit the topic), a valid event whose id
 makes it 900 KB (refused at decode, not folded into outputs too large to produce), a varint beyond 64 bits
 (fastavro would have wrapped it around to a small quantity), a usage at the limit of a quantity repeated past
-the balance headroom, an id beyond its size, a TTL that would have set a time bomb."""
+the balance headroom, an id beyond its size, a TTL that would have set a time bomb; a second ParentReserved and a
+ParentClosed for the parent keyed so that they land in another partition (misrouted: no second ledger, no
+release of the parent's capacity); a Tick ten years ahead in every partition (only the processor's own ticks
+advance ledger time)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from confluent_kafka import Producer
 
 from branch_settlement.schemas.codec import default_codec
 from branch_settlement.schemas.limits import DEAD_LETTER_ORIGINAL_BYTES, MAX_ID_BYTES, MAX_QUANTITY, MAX_TTL_MS
+from branch_settlement.schemas.partitioning import partition_of
 from tests.kafka.pipeline import ProcessorProcess, read_partitions, wait_for_results
 
 pytestmark = pytest.mark.kafka
@@ -69,6 +73,18 @@ def test_hostile_records_neither_stop_nor_wedge_nor_corrupt(kafka_topics, tmp_pa
                     usage={"tokens": MAX_QUANTITY}, reason="an invoice far beyond the parent")):
         send_event(e)
         results_expected += 1
+    partitions = kafka_topics.spec.topic("branch-events").partitions
+    home = partition_of("P", partitions)
+    elsewhere = next(k for k in (f"K{i}" for i in range(1000)) if partition_of(k, partitions) != home)
+    send(codec.encode_event(event("ParentReserved", "P", "P/second", capacity={"tokens": {"quantity": 10**6,
+                                  "kind": "logical"}}, lease_ttl_ms=3_600_000, policy=POLICY)), key=elsewhere)
+    send(codec.encode_event(event("ParentClosed", "P", "P/close-elsewhere", outcome="cancelled")), key=elsewhere)
+    results_expected += 2
+    ten_years = int(time.time() * 1000) + 10 * 365 * 86_400_000
+    forged = codec.encode_event(event("Tick", "", "tick/forged", now_ms=ten_years))
+    for p in range(partitions):
+        producer.produce(topic, value=forged, partition=p)
+    results_expected += partitions
     producer.flush(30)
     proc = ProcessorProcess(kafka_topics, tmp_path / "state", tmp_path / "run.log", slot="a", group="g")
     try:
@@ -80,6 +96,14 @@ def test_hostile_records_neither_stop_nor_wedge_nor_corrupt(kafka_topics, tmp_pa
         assert by_key["P/bomb"]["result"] == "invalid_event"
         assert by_key["P/A/c"]["result"] == "ok"
         assert by_key["P/A/adj"]["result"] == "overdrawn"
+        for key in ("P/second", "P/close-elsewhere"):
+            assert by_key[key]["result"] == "misrouted", by_key[key]
+            assert f"belongs to partition {home} of {partitions}" in by_key[key]["detail"]
+            assert by_key[key]["input_partition"] == partition_of(elsewhere, partitions)
+        forged_results = [r for r in results if r["idempotency_key"] == "tick/forged"]
+        assert sorted(r["input_partition"] for r in forged_results) == list(range(partitions))
+        assert {r["result"] for r in forged_results} == {"tick_not_accepted"}
+        assert max(r["ledger_time_ms"] for r in results) < ten_years
         dead = [r for recs in read_partitions(kafka_topics.bootstrap_servers,
                                               kafka_topics.name("branch-events-dlq")).values() for _, _, r in recs]
         assert len(dead) == hostile, [d["reason"][:120] for d in dead]

@@ -4,7 +4,6 @@ committed input folded offline, partition by partition."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import signal
@@ -16,13 +15,14 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from branch_settlement.processors.kafka import demo
 from branch_settlement.processors.kafka.partition import INPUT_POSITION_KEY, input_position
 from branch_settlement.processors.workload import write_jsonl
 from branch_settlement.projections import keys
 from branch_settlement.projections.store import RocksStore
 from branch_settlement.processors.kafka.partition import store_path
-from tests.kafka.pipeline import (REPO, ProcessorProcess, count_records, non_empty, offline, projection_ledgers,
-                                  published, read_partitions, wait_for_results)
+from tests.kafka.pipeline import (REPO, ProcessorProcess, count_input_results, count_records, non_empty, offline,
+                                  projection_ledgers, published, read_partitions, wait_for_results)
 
 pytestmark = pytest.mark.kafka
 
@@ -76,15 +76,31 @@ def assert_ledgers_match(kafka_topics, state_dirs: list[Path], group: str = "g")
 
 
 def test_worked_example_end_to_end(kafka_topics, tmp_path: Path, worked_example: Path) -> None:
-    proc = ProcessorProcess(kafka_topics, tmp_path / "state", tmp_path / "run.log", slot="a", group="g")
-    try:
-        run = produce_file(kafka_topics, worked_example)
+    """The worked example through the pipeline. Its two Tick lines are ledger time, which only the processor
+    makes: they move the processor's clock file (demo.play), once what comes before them is folded."""
+    clock = tmp_path / "clock"
+    proc = ProcessorProcess(kafka_topics, tmp_path / "state", tmp_path / "run.log", slot="a", group="g",
+                            extra_args=("--clock-file", str(clock), "--tick-interval-ms", "1"))
+    partitions = kafka_topics.spec.topic("branch-events").partitions
+    bootstrap = kafka_topics.bootstrap_servers
+
+    def produce(path: Path) -> None:
+        run = produce_file(kafka_topics, path)
         assert run.returncode == 0, run.stderr
-        assert run.stdout.startswith("published 15 events")
-        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, 13 + 2 * 8, 90, [proc])
+        assert run.stdout.startswith("published "), run.stdout
+
+    def committed() -> list[dict]:
+        return [r for recs in read_partitions(bootstrap, kafka_topics.name("settlement-results")).values()
+                for _, _, r in recs]
+
+    try:
+        assert demo.play(worked_example, tmp_path, clock, produce, committed, partitions) == 13
+        wait_for_results(bootstrap, kafka_topics, 13, 90, [proc])
     finally:
         assert proc.stop() == 0, proc.output()[-3000:]
-    bootstrap = kafka_topics.bootstrap_servers
+    ticks = [r for r in committed() if r["event_type"] == "Tick"]
+    assert sorted((r["input_partition"], r["ledger_time_ms"], r["result"]) for r in ticks) == sorted(
+        (p, now, "ok") for p in range(partitions) for now in (1764410400000, 1764410461000))
     results = [r for recs in read_partitions(bootstrap, kafka_topics.name("settlement-results")).values()
                for _, _, r in recs if r["parent_id"] == "wf-42"]
     assert {r["event_id"]: r["result"] for r in results} == {
@@ -203,7 +219,7 @@ def test_a_zombie_commits_nothing(kafka_topics, tmp_path: Path) -> None:
         while process_state(zombie.proc.pid) != "T":
             assert time.monotonic() < deadline and zombie.proc.poll() is None, zombie.output()[-3000:]
             time.sleep(0.2)
-        before = count_records(kafka_topics.bootstrap_servers, kafka_topics.name("settlement-results"))
+        before = count_input_results(kafka_topics.bootstrap_servers, kafka_topics)
         assert before < expected
         successor = ProcessorProcess(kafka_topics, tmp_path / "b", tmp_path / "b.log", slot="b", group="g")
         wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, expected, 300, [successor])
@@ -213,7 +229,7 @@ def test_a_zombie_commits_nothing(kafka_topics, tmp_path: Path) -> None:
             assert time.monotonic() < deadline, zombie.output()[-3000:]
             time.sleep(0.5)
         time.sleep(3)
-        assert count_records(kafka_topics.bootstrap_servers, kafka_topics.name("settlement-results")) == expected
+        assert count_input_results(kafka_topics.bootstrap_servers, kafka_topics) == expected
     finally:
         zombie.signal(signal.SIGCONT)
         if successor is not None:

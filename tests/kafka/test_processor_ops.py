@@ -15,7 +15,7 @@ from branch_settlement.processors.kafka.clients import BranchEventProducer, read
 from branch_settlement.projections import keys
 from branch_settlement.projections.store import RocksStore
 from branch_settlement.schemas.codec import default_codec
-from tests.kafka.pipeline import ProcessorProcess, read_partitions, wait_for_results
+from tests.kafka.pipeline import ProcessorProcess, example_events, read_partitions, wait_for_results
 from tests.kafka.test_processor import produce_file
 
 pytestmark = pytest.mark.kafka
@@ -88,9 +88,10 @@ def test_processor_ticks_expire_leases_and_metrics_are_served(kafka_topics, tmp_
 def test_an_invariant_violation_stops_only_its_partition(kafka_topics, tmp_path: Path, worked_example: Path) -> None:
     state = tmp_path / "state"
     proc = ProcessorProcess(kafka_topics, state, tmp_path / "run.log", slot="a", group="g")
+    events = example_events(worked_example, tmp_path)
     try:
-        assert produce_file(kafka_topics, worked_example).returncode == 0
-        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, 13 + 2 * 8, 90, [proc])
+        assert produce_file(kafka_topics, events).returncode == 0
+        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, 13, 90, [proc])
     finally:
         assert proc.stop() == 0
     # Corrupt wf-42's committed ledger behind the processor's back, as a bug in an earlier version would.
