@@ -161,3 +161,14 @@ def test_rewind_seeks_the_partitions_that_folded_nothing_since_the_commit_too() 
     rewind(consumer, [folded, idle], {"branch-events": "branch-events"})
     assert sorted(consumer.seeks) == [(0, 31), (1, 31)]
     assert folded.next_offset == idle.next_offset == 31
+
+
+@pytest.mark.parametrize("key, expected", [  # Kafka's own vectors (clients UtilsTest.testMurmur2), as int32
+    ("21", -973932308), ("foobar", -790332482), ("a-little-bit-long-string", -985981536),
+    ("a-little-bit-longer-string", -1486304829), ("lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
+    ("abc", 479470107)])
+def test_murmur2_is_kafkas(key: str, expected: int) -> None:
+    from branch_settlement.schemas.partitioning import murmur2
+
+    assert murmur2(key.encode()) == expected & 0xFFFFFFFF
+    assert partition_of(key, 8) == (expected & 0x7FFFFFFF) % 8
