@@ -27,6 +27,8 @@ readonly JAVA_MAJOR_MIN=17
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly REPO_DIR
 readonly DEPLOY_DIR=$REPO_DIR/deploy
+# How messages name this script (deploy/kafka-secure.sh sources it and names itself).
+KAFKA_SCRIPT_NAME=${KAFKA_SCRIPT_NAME:-deploy/kafka.sh}
 readonly PORT=${KAFKA_PORT:-9092}
 readonly CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-$((PORT + 1))}
 readonly HEAP_MB=${KAFKA_HEAP_MB:-512}
@@ -224,7 +226,7 @@ wait_until_healthy() {
         fi
         sleep 0.5
     done
-    echo "kafka: the broker (pid $pid) did not answer on 127.0.0.1:$PORT within ${UP_TIMEOUT_S}s (KAFKA_UP_TIMEOUT_S). It is left running: inspect it, then bash deploy/kafka.sh down." >&2
+    echo "kafka: the broker (pid $pid) did not answer on 127.0.0.1:$PORT within ${UP_TIMEOUT_S}s (KAFKA_UP_TIMEOUT_S). It is left running: inspect it, then bash $KAFKA_SCRIPT_NAME down." >&2
     show_log_tail
     exit 1
 }
@@ -245,7 +247,7 @@ cmd_up() {
     write_config
     format_storage
     rm -f "$PID_FILE"
-    echo "---- $(date -u +%FT%TZ) deploy/kafka.sh up: Kafka $KAFKA_VERSION $ROLE on 127.0.0.1:$PORT" >>"$LOG_FILE"
+    echo "---- $(date -u +%FT%TZ) $KAFKA_SCRIPT_NAME up: Kafka $KAFKA_VERSION $ROLE on 127.0.0.1:$PORT" >>"$LOG_FILE"
     # setsid: the broker must outlive the shell that started it (make, pytest) and must not receive the Ctrl-C
     # meant for that shell. The inner shell records its own pid, then becomes java, so the pid file names the JVM.
     # shellcheck disable=SC2016 # $$ and $@ are meant for the inner shell.
@@ -325,4 +327,7 @@ main() {
     esac
 }
 
-main "$@"
+# Run unless sourced: deploy/kafka-secure.sh sources this file for its install, Java and lifecycle functions.
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
+    main "$@"
+fi
