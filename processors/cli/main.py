@@ -1,11 +1,17 @@
 """`settle`: the one command-line entry point. Every command has --help; expected failures print one
-clear line on stderr and exit non-zero, never a traceback."""
+clear line on stderr and exit non-zero, never a traceback.
+
+A Kafka command first runs its preflight (processors/cli/preflight.py): connection, credentials and ACLs
+proven with one bounded round of requests. A librdkafka failure that still escapes a command (a
+KafkaException) is mapped to the same one-line errors (processors/kafka/preflight.py, kafka_error)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from importlib.metadata import PackageNotFoundError, version
+
+from confluent_kafka import KafkaException
 
 from branch_settlement.processors.cli import audit
 from branch_settlement.processors.cli import replay as replay_cli
@@ -37,22 +43,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_kafka_commands(commands) -> None:
-    from branch_settlement.processors.cli import kafka_commands
+    from branch_settlement.processors.cli import acls as acls_cli
+    from branch_settlement.processors.cli import kafka_commands, preflight
     from branch_settlement.processors.cli import topics as topics_cli
 
     kafka_commands.add_run(commands)
     kafka_commands.add_produce(commands)
     kafka_commands.add_inspect(commands)
     topics_cli.add_parser(commands)
+    acls_cli.add_parser(commands)
+    # settle topics and settle acls run their preflight themselves (their exit code 2: cluster unavailable).
+    for name, check in preflight.BY_COMMAND.items():
+        commands.choices[name].set_defaults(preflight=check)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "preflight", None) is not None:
+            args.preflight(args)
         return args.run(args)
     except SettlementError as err:
         print(f"settle {args.command}: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    except KafkaException as exc:
+        from branch_settlement.processors.kafka.preflight import kafka_error
+
+        print(f"settle {args.command}: {kafka_error(exc, 'Kafka refused a request')}", file=sys.stderr)
         return EXIT_FAILED
     except BrokenPipeError:
         return EXIT_OK

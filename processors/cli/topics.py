@@ -15,7 +15,7 @@ import sys
 from confluent_kafka.admin import AdminClient
 
 from branch_settlement.errors import ConfigError
-from branch_settlement.processors.kafka import topics
+from branch_settlement.processors.kafka import preflight, topics
 from branch_settlement.processors.kafka.connection import add_connection_arguments, config_from_args
 from branch_settlement.processors.kafka.errors import KafkaFailure
 
@@ -89,6 +89,12 @@ def _run(args: argparse.Namespace, action) -> int:
         config = config_from_args(args)
         spec = topics.load_spec(args.spec, prefix=_prefix(args), partitions=args.partitions,
                                 replication_factor=args.replication_factor)
+        # Connection, TLS and credentials first, within the timeout: one line that says what is wrong.
+        preflight.check(config, timeout=args.timeout_ms / 1000)
+    except (ConfigError, KafkaFailure) as err:
+        print(f"{where}: {err}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    try:
         reports = action(_admin(config), spec, timeout_s=args.timeout_ms / 1000)
     except ConfigError as err:
         print(f"{where}: {err}", file=sys.stderr)

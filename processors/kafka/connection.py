@@ -13,6 +13,7 @@ machine can read them (`ps`, shell history): --kafka-config refuses them and nam
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from collections.abc import Iterable, Mapping
 
@@ -29,6 +30,8 @@ _RESERVED_SETTINGS = frozenset({"bootstrap.servers", "metadata.broker.list"})
 CONFIG_FILE_ENV = "SETTLE_KAFKA_CONFIG_FILE"
 # SETTLE_KAFKA_SASL_PASSWORD_FILE=/run/secrets/kafka: the value of sasl.password is that file's content.
 FILE_SUFFIX = "_FILE"
+# librdkafka's own log lines (`%3|...|FAIL|...` on stderr otherwise) go to this Python logger.
+LIBRDKAFKA_LOGGER = "settle.librdkafka"
 # Settings whose value is a secret: refused on the command line.
 SECRET_SETTINGS = frozenset({"sasl.password", "ssl.key.password", "ssl.keystore.password", "ssl.key.pem",
                              "sasl.oauthbearer.client.secret", "sasl.oauthbearer.assertion.private.key.passphrase"})
@@ -162,9 +165,21 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
              f"Below {SETTING_ENV_PREFIX}* and --kafka-config in precedence")
 
 
-def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The client config for parsed `add_connection_arguments` flags, environment and defaults."""
+def quiet_logger() -> logging.Logger:
+    """The logger librdkafka's lines go to: silent (and not propagated) unless someone configured it."""
+    log = logging.getLogger(LIBRDKAFKA_LOGGER)
+    if not log.handlers:
+        log.addHandler(logging.NullHandler())
+        log.propagate = False
+    return log
+
+
+def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> dict:
+    """The client config for parsed `add_connection_arguments` flags, environment and defaults: the
+    librdkafka settings, and `logger`, which sends librdkafka's own log lines to the `settle.librdkafka` logger
+    (silent unless configured) instead of stderr: a command's one-line error says what went wrong, and a
+    command that succeeds prints no client noise (a consumer closed during its coordinator's TLS handshake)."""
     environ = os.environ if environ is None else environ
     bootstrap_servers = (args.bootstrap_servers or environ.get(BOOTSTRAP_SERVERS_ENV)
                          or DEFAULT_BOOTSTRAP_SERVERS)
-    return client_config(bootstrap_servers, settings_from_args(args, environ))
+    return {**client_config(bootstrap_servers, settings_from_args(args, environ)), "logger": quiet_logger()}
