@@ -76,12 +76,22 @@ def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[i
         p = task.partition
         records = task.records
         last = _last_of_each_topic(records)
-        for n, (topic, key, value) in enumerate(records):
-            _produce(producer, topics[topic], p, key, value, on_delivery if n in last else None)
-        task_changes = changes[p]
-        last = len(task_changes) - 1
-        for n, (key, value) in enumerate(task_changes):
-            _produce(producer, changelog, p, key, value, on_delivery if n == last else None)
+        target, value = changelog, b""
+        try:
+            for n, (topic, key, value) in enumerate(records):
+                target = topics[topic]
+                _produce(producer, target, p, key, value, on_delivery if n in last else None)
+            target = changelog
+            task_changes = changes[p]
+            last = len(task_changes) - 1
+            for n, (key, value) in enumerate(task_changes):
+                _produce(producer, changelog, p, key, value, on_delivery if n == last else None)
+        except KafkaException as exc:
+            err = _kafka_error(exc)
+            if err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                task.too_large = (f"a record of {len(value or b'')} bytes for {target}[{p}] is larger than the "
+                                  "producer accepts (its message.max.bytes)")
+            raise
 
 
 def _last_of_each_topic(records: list) -> set[int]:
@@ -141,6 +151,12 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
     def delivered(err, msg) -> None:
         if err is not None:
             failures.append(err)
+            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                for task in tasks:
+                    if task.partition == msg.partition():
+                        task.too_large = (f"the broker refused a record for {msg.topic()}[{msg.partition()}] as "
+                                          f"too large ({err.str()}): the topic's max.message.bytes is below "
+                                          "what the processor writes")
             return
         topic, p, offset = msg.topic(), msg.partition(), msg.offset()
         last_offsets[(topic, p)] = offset

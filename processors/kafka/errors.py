@@ -134,3 +134,11 @@ class KafkaNotAuthorized(KafkaFailure):
 class AclSpecError(ConfigError):
     """The ACL spec (deploy/acls.json) is missing or invalid, or names a topic the topic spec does not have.
     Raised when the spec is loaded, before any request. Operator: fix the file or the flag the message names."""
+
+
+class RecordTooLarge(KafkaFailure):
+    """A record the processor must write is larger than the producer or the topic accepts (message.max.bytes,
+    max.message.bytes): by construction the fold's records fit the defaults (docs/processor.md, "Input
+    limits"), so a setting below them was chosen. Raised into the processor's log when its partition stops:
+    the checkpoint was aborted, nothing of it committed, the other partitions go on. Operator: raise the
+    setting the message names to at least the record's size, then restart."""

@@ -9,6 +9,7 @@ import logging
 
 from confluent_kafka import Consumer, TopicPartition
 
+from branch_settlement.processors.kafka.errors import RecordTooLarge
 from branch_settlement.processors.kafka.metrics import Metrics
 from branch_settlement.processors.kafka.partition import PartitionTask
 from branch_settlement.processors.ledger.errors import InvariantViolation
@@ -26,13 +27,14 @@ def dead_letter(task: PartitionTask, message, offset: int, exc: CodecError, metr
 
 
 def stop_partition(task: PartitionTask, violation: Exception, consumer: Consumer, input_topic: str,
-                   metrics: Metrics) -> None:
-    """A bug, not bad input: stop this partition (the others go on), keep its committed state, say so.
-    Its uncommitted work is discarded, so a half-applied event is never committed."""
+                   metrics: Metrics, remedy: str = "Do not repair with a release: fix the fold and restart.") -> None:
+    """A bug (or a setting below what the fold writes), not bad input: stop this partition (the others go
+    on), keep its committed state, say so. Its uncommitted work is discarded, so a half-applied event is
+    never committed."""
     task.discard()
     task.stopped = str(violation)
     consumer.pause([TopicPartition(input_topic, task.partition)])
     metrics.stopped.labels(str(task.partition)).set(1)
     log.critical("PARTITION %d STOPPED: %s. Its committed offset and ledger are untouched; the input is "
-                 "kept. Do not repair with a release: fix the fold and restart.", task.partition, violation,
-                 exc_info=not isinstance(violation, InvariantViolation))
+                 "kept. %s", task.partition, violation, remedy,
+                 exc_info=not isinstance(violation, (InvariantViolation, RecordTooLarge)))

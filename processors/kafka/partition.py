@@ -76,6 +76,8 @@ class PartitionTask:
         # or a rewind) is dropped, never folded twice.
         self.next_offset = committed_position
         self.stopped: str | None = None  # why, when an invariant violation stopped the partition
+        # Set by a checkpoint that failed because one of this partition's records was too large to produce.
+        self.too_large: str | None = None
         self.last_tick_ms = 0
         self.capacity = self._capacity_from_store()
 

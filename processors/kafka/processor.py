@@ -25,7 +25,7 @@ from branch_settlement.processors.kafka import rebalance
 from branch_settlement.processors.kafka.assignment import committed_offsets, input_partition_count, load_tasks
 from branch_settlement.processors.kafka.checkpoint import commit_checkpoint
 from branch_settlement.processors.kafka.config import ProcessorConfig
-from branch_settlement.processors.kafka.errors import KafkaFailure
+from branch_settlement.processors.kafka.errors import KafkaFailure, RecordTooLarge
 from branch_settlement.processors.kafka.fold_failures import dead_letter, stop_partition
 from branch_settlement.processors.kafka.metrics import Metrics
 from branch_settlement.processors.kafka.partition import PartitionTask
@@ -215,6 +215,12 @@ class Processor:
         except KafkaFailure as exc:
             recover(self, exc, tasks)
             result = None
+        for task in tasks:
+            if task.too_large is not None:  # it would fail every checkpoint again: stop it, the others go on
+                stop_partition(task, RecordTooLarge(f"{task.too_large}; the checkpoint was aborted"),
+                               self.consumer, self.topics["branch-events"], self.metrics,
+                               remedy="Raise that setting to at least the record's size and restart.")
+                task.too_large = None
         self.events_since_checkpoint = 0
         self.last_checkpoint = started
         committed = bool(result and result.committed)

@@ -117,3 +117,54 @@ def test_hostile_records_neither_stop_nor_wedge_nor_corrupt(kafka_topics, tmp_pa
         assert "STOPPED" not in proc.output()
     finally:
         assert proc.stop() == 0, proc.output()[-3000:]
+
+
+def test_a_record_too_large_for_the_producer_stops_its_partition_not_the_processor(kafka_topics,
+                                                                                 tmp_path: Path) -> None:
+    """The fold's records fit the default message sizes by construction; an operator who lowers the
+    producer's message.max.bytes below one of them gets that partition stopped with the record's size and
+    the setting named, once, not a checkpoint aborted twice a second for ever; the other partitions go on."""
+    codec = default_codec()
+    topic = kafka_topics.name("branch-events")
+    partitions = kafka_topics.spec.topic("branch-events").partitions
+    producer = Producer({"bootstrap.servers": kafka_topics.bootstrap_servers, "partitioner": "murmur2_random"})
+    big, small = "P-big", next(f"Q{i}" for i in range(1000) if partition_of(f"Q{i}", partitions) != partition_of(
+        "P-big", partitions))
+
+    def send(e: dict) -> None:
+        producer.produce(topic, value=codec.encode_event(e), key=e["parent_id"].encode())
+
+    for parent in (big, small):
+        send(event("ParentReserved", parent, f"{parent}/p", capacity={"tokens": {"quantity": 10, "kind": "logical"}},
+                   lease_ttl_ms=3_600_000, policy=POLICY))
+        send(event("ChildReserved", parent, f"{parent}/A", child_id="A", branch_id="A", attempt_id="A1",
+                   quantities={"tokens": 5}))
+    send(event("ChildSkipped", big, f"{big}/A/skip", child_id="A", attempt_id="A1", reason="x" * 20_000))
+    producer.flush(30)
+    proc = ProcessorProcess(kafka_topics, tmp_path / "state", tmp_path / "run.log", slot="a", group="g",
+                            extra_args=("--kafka-config", "message.max.bytes=8000", "--commit-events", "1"))
+    try:
+        deadline = time.monotonic() + 90
+        while "STOPPED" not in proc.output():
+            assert time.monotonic() < deadline and proc.proc.poll() is None, proc.output()[-3000:]
+            time.sleep(0.5)
+        send(event("ChildSkipped", small, f"{small}/A/skip", child_id="A", attempt_id="A1", reason="pruned"))
+        producer.flush(30)
+        deadline = time.monotonic() + 60
+        while True:
+            results = {r["idempotency_key"]: r for recs in read_partitions(
+                kafka_topics.bootstrap_servers, kafka_topics.name("settlement-results")).values() for _, _, r in recs}
+            if f"{small}/A/skip" in results:
+                break
+            assert time.monotonic() < deadline and proc.proc.poll() is None, proc.output()[-3000:]
+            time.sleep(0.5)
+        time.sleep(2)
+        output = proc.output()
+    finally:
+        assert proc.stop() == 0, proc.output()[-3000:]
+    home = partition_of(big, partitions)
+    assert f"PARTITION {home} STOPPED: a record of " in output
+    assert "message.max.bytes" in output and "Raise that setting" in output
+    assert output.count("STOPPED") == 1 and output.count("checkpoint aborted") <= 1, output[-3000:]
+    assert results[f"{small}/A/skip"]["result"] == "ok"
+    assert f"{big}/A/skip" not in results  # nothing of the stopped partition's checkpoint was committed
