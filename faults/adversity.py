@@ -7,8 +7,17 @@ late final reports) made harder, from the same seed:
 - 1% malformed records: the workload's malformed JSON lines, published as raw bytes (not Avro), so they
   reach the processor as undecodable records (dead letters), which `settle produce` would have refused.
 
-`publish` produces it to the input topic in one idempotent producer, keyed by parent_id with the Java
-partitioner, Ticks to every partition, so each partition's order is the stream's order."""
+The stream carries the workload's Ticks: the simulation (faults/sim.py) turns them into the processor's
+clock. Against a real broker only the processor advances ledger time (its own ticks from the system clock,
+on ledger-ticks; a Tick on the input is refused), so `for_system_clock` splits the stream for the scenarios:
+no Ticks, and the records that must come after a lease expiry (the completions moved late, the timed-out
+children's late final reports) held back as a tail, their children's leases cut to SHORT_LEASE_MS. The
+scenario publishes the tail once the processors' committed ticks have passed those leases
+(faults/scenarios.py), so each of those children expires before its late report, whatever the speed.
+
+`publish` produces records to the input topic in one idempotent producer, every event keyed by its parent_id
+with the producer's murmur2 partitioner (schemas/partitioning.py), so each partition's order is the stream's
+order and every event is in its parent's partition."""
 
 from __future__ import annotations
 
@@ -25,6 +34,9 @@ REORDER_RATE = 0.03
 LATE_RATE = 0.01
 STALE_RATE = 0.02
 LATE_BY_MS = CHILD_LEASE_TTL_MS + 10_000
+# The lease of a child whose late report is held back in the tail (for_system_clock): short, so the system
+# clock passes it within seconds of the child's activation.
+SHORT_LEASE_MS = 1_000
 
 
 @dataclass
@@ -32,6 +44,8 @@ class Workload:
     seed: int
     records: list  # dict events, or str for a malformed record
     adversity: Counter = field(default_factory=Counter)
+    # Idempotency keys of the completions _late moved past their child's lease expiry.
+    late_keys: set = field(default_factory=set)
 
     def events(self) -> int:
         return sum(1 for r in self.records if not isinstance(r, str))
@@ -45,8 +59,9 @@ def build(seed: int, events: int, mix: Mix = Mix()) -> Workload:
     adversity["malformed_records"] = sum(1 for r in records if isinstance(r, str))
     records = _stale_generations(records, rng, adversity)
     records = _reorder(records, rng, adversity)
-    records = _late(records, rng, adversity)
-    return Workload(seed, records, adversity)
+    late_keys: set = set()
+    records = _late(records, rng, adversity, late_keys)
+    return Workload(seed, records, adversity, late_keys)
 
 
 def _stale_generations(records: list, rng: random.Random, adversity: Counter) -> list:
@@ -88,7 +103,7 @@ def _reorder(records: list, rng: random.Random, adversity: Counter) -> list:
     return records
 
 
-def _late(records: list, rng: random.Random, adversity: Counter) -> list:
+def _late(records: list, rng: random.Random, adversity: Counter, late_keys: set) -> list:
     """Move completions past the child's lease expiry: after the first tick LATE_BY_MS beyond them."""
     ticks = [(i, r["now_ms"]) for i, r in enumerate(records) if isinstance(r, dict) and r["type"] == "Tick"]
     moves: dict[int, list] = {}
@@ -100,6 +115,7 @@ def _late(records: list, rng: random.Random, adversity: Counter) -> list:
         if target is None or target <= i:
             continue
         dropped.add(i)
+        late_keys.add(r["idempotency_key"])
         moves.setdefault(target, []).append(r)
         adversity["late_reports_after_expiry"] += 1
     out = []
@@ -110,8 +126,49 @@ def _late(records: list, rng: random.Random, adversity: Counter) -> list:
     return out
 
 
-def publish(workload: Workload, bootstrap: str, topic: str, partitions: int) -> int:
-    """Produce the stream; return how many input records the processors must fold into results."""
+@dataclass
+class LiveStream:
+    """The workload as the scenarios publish it against a real broker (for_system_clock)."""
+
+    main: list  # published at the start
+    tail: list  # published once the processors' clock has passed every shortened lease
+    short_leases: int  # children whose lease was cut to SHORT_LEASE_MS
+
+
+def is_late_report(record) -> bool:
+    """The final report of a child the workload lets time out (processors/workload.py: no outcome before the
+    lease ends, then a late report). The completions _late moved are in Workload.late_keys."""
+    return (isinstance(record, dict) and record["type"] == "UsageReported"
+            and record["idempotency_key"].endswith("/late"))
+
+
+def for_system_clock(workload: Workload) -> LiveStream:
+    """The stream without its Ticks, split into a main part and a tail of late reports (with their duplicate
+    deliveries, which share their idempotency keys); the leases of the tail's children cut to SHORT_LEASE_MS
+    in every ChildActivated of theirs (duplicates too, so a duplicate stays a duplicate). The order within
+    each part is the stream's."""
+    tail_keys = set(workload.late_keys)
+    tail_keys.update(r["idempotency_key"] for r in workload.records if is_late_report(r))
+    children = {(r["parent_id"], r["child_id"]) for r in workload.records
+                if isinstance(r, dict) and r["idempotency_key"] in tail_keys}
+    main, tail = [], []
+    for record in workload.records:
+        if isinstance(record, dict):
+            if record["type"] == "Tick":
+                continue
+            if record["type"] == "ChildActivated" and (record["parent_id"], record["child_id"]) in children:
+                record = dict(record, lease_ttl_ms=SHORT_LEASE_MS)
+            if record["idempotency_key"] in tail_keys:
+                tail.append(record)
+                continue
+        main.append(record)
+    return LiveStream(main, tail, len(children))
+
+
+def publish(records: list, bootstrap: str, topic: str) -> int:
+    """Produce `records` (events as dicts, malformed records as str: sent as raw bytes) in order; return how
+    many results the processors must commit for them (one per event). A Tick is refused: only the processor
+    advances ledger time, and the input topic answers one with `tick_not_accepted`."""
     codec = default_codec()
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
                          "partitioner": "murmur2_random", "linger.ms": 20, "log_level": 0,
@@ -122,31 +179,24 @@ def publish(workload: Workload, bootstrap: str, topic: str, partitions: int) -> 
         if err is not None:
             failures.append(err)
 
-    def send(value: bytes, key: bytes | None, partition: int | None = None) -> None:
+    def send(value: bytes, key: bytes) -> None:
         while True:
             try:
-                if partition is None:
-                    producer.produce(topic, value=value, key=key, on_delivery=delivered)
-                else:
-                    producer.produce(topic, value=value, key=key, partition=partition, on_delivery=delivered)
+                producer.produce(topic, value=value, key=key, on_delivery=delivered)
                 return
             except BufferError:
                 producer.poll(0.05)
 
     expected = 0
-    for n, record in enumerate(workload.records):
+    for n, record in enumerate(records):
         if isinstance(record, str):
             send(record.encode(), f"malformed-{n}".encode())
             continue
         event = codec.event_from_json(record)
-        value = codec.encode_event(event)
         if event["type"] == "Tick":
-            for p in range(partitions):
-                send(value, None, p)
-            expected += partitions
-        else:
-            send(value, event["parent_id"].encode())
-            expected += 1
+            raise ValueError(f"record {n} is a Tick: only the processor advances ledger time (ledger-ticks)")
+        send(codec.encode_event(event), event["parent_id"].encode())
+        expected += 1
     remaining = producer.flush(120)
     if failures or remaining:
         raise RuntimeError(f"publishing the workload: {len(failures)} failed, {remaining} unacknowledged: "

@@ -30,6 +30,15 @@ READ_TIMEOUT_S = 180.0
 # The verifier's own list of the processor's output topics, written out on purpose instead of derived from the
 # processor's routing table (processors/ledger/outputs.py): an independent check must not share what it checks.
 OUTPUT_TOPICS = ("settlement-results", "capacity-releases", "settlement-audit", "branch-events-dlq")
+# The processor's own ticks: Tick events keyed by the input offset each was folded before, written in the
+# transaction of the checkpoint that folded them (processors/kafka/ticks.py).
+TICKS_TOPIC = "ledger-ticks"
+
+
+def is_processor_tick(result: dict) -> bool:
+    """A result of one of the processor's own ticks. A Tick on the input topic is only ever answered
+    `tick_not_accepted`: that result belongs to an input record like any other."""
+    return result["event_type"] == "Tick" and result["result"] != "tick_not_accepted"
 
 
 def broker_answers(bootstrap: str, timeout_s: float = 5.0) -> bool:
@@ -107,7 +116,12 @@ def read_partitions(bootstrap: str, topic: str, decode: bool = True, isolation: 
 class ContinuousReader(threading.Thread):
     """Reads settlement-results and capacity-releases with read_committed while the faults happen (I4):
     counts every result and release, every duplicate release_key and every input offset that got a second
-    result, and keeps (time, results seen) so the scenarios can measure progress and recovery.
+    result, and keeps (time, input results seen) so the scenarios can measure progress and recovery.
+
+    The results of the processor's own ticks are counted apart (`tick_results`; a second one for the same
+    tick idempotency key is a duplicate): a tick's result carries the input offset it was folded before,
+    which is also the offset of the next input's result, and ticks go on while the input is idle, so they
+    are never progress. `tick_time` keeps each partition's latest committed ledger time.
 
     It assigns the partitions itself (no consumer group: a broker outage cannot make it rejoin and start
     over) and tracks the next offset of each partition, so a record fetched again after a reconnect is the
@@ -127,6 +141,10 @@ class ContinuousReader(threading.Thread):
         self.refetched = 0
         self.results = 0
         self.releases = 0
+        self.tick_keys: set[str] = set()
+        self.duplicate_ticks: list[str] = []
+        self.tick_results = 0
+        self.tick_time: dict[int, int] = {}  # partition -> ledger time of its last committed tick
         self.progress: list[tuple[float, int]] = [(time.monotonic(), 0)]
         self.errors: list[str] = []
         self._next: dict[tuple[str, int], int] = {}
@@ -157,14 +175,22 @@ class ContinuousReader(threading.Thread):
                     except CodecError:  # the I5 marker, written at the very end
                         continue
                     self._take(message.topic(), record)
-                if messages:
+                if self.results != self.progress[-1][1]:
                     with self._lock:
                         self.progress.append((time.monotonic(), self.results))
         finally:
             consumer.close()
 
     def _take(self, topic: str, record: dict) -> None:
-        if topic == self.results_topic:
+        if topic == self.results_topic and is_processor_tick(record):
+            if record["idempotency_key"] in self.tick_keys:
+                self.duplicate_ticks.append(record["idempotency_key"])
+            else:
+                self.tick_results += 1
+            self.tick_keys.add(record["idempotency_key"])
+            p = record["input_partition"]
+            self.tick_time[p] = max(self.tick_time.get(p, 0), record["ledger_time_ms"])
+        elif topic == self.results_topic:
             position = (record["input_partition"], record["input_offset"])
             if position in self.result_positions:
                 self.duplicate_results.append(position)
@@ -177,6 +203,10 @@ class ContinuousReader(threading.Thread):
             else:
                 self.releases += 1
             self.release_keys.add(record["release_key"])
+
+    def ticked_past(self, ledger_time_ms: int) -> bool:
+        """Whether every partition has committed a tick at `ledger_time_ms` or later."""
+        return all(self.tick_time.get(p, 0) >= ledger_time_ms for p in range(self.partitions))
 
     def wait_for(self, results: int, timeout_s: float, alive=lambda: None) -> None:
         """Until `results` results were read; `alive()` may raise when a processor died unexpectedly."""

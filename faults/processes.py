@@ -1,6 +1,9 @@
 """`settle run` as a separate process (so it can be killed, stopped, paused and resumed), and what its log
 says about transactions, fences and crashes. The processors run at DEBUG so every committed checkpoint is
-logged ("checkpoint committed"); a non-committed checkpoint logs one of ABORT_MARKERS."""
+logged ("checkpoint committed"); a non-committed checkpoint logs one of ABORT_MARKERS. They tick from the
+system clock, as in production, every TICK_INTERVAL_MS: ledger time moves a few times a second, so the
+workload's shortened leases (faults/adversity.py) expire within the scenario, and an idle processor still
+commits a checkpoint (its ticks) twice a second."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ COMMITTED_MARKER = "checkpoint committed"
 ABORT_MARKERS = ("checkpoint aborted", "commit_transaction failed and was aborted", "recreating the producer",
                  "reloading every partition from the committed offsets")
 FENCE_MARKERS = ("fenced",)
+TICK_INTERVAL_MS = 500
 
 
 @dataclass(frozen=True)
@@ -52,8 +56,9 @@ class ProcessorProcess:
         self._offset = log_path.stat().st_size if log_path.exists() else 0
         command = [sys.executable, "-m", "branch_settlement.processors.cli.main", "run", "--bootstrap-servers", bootstrap,
                    "--topic-prefix", prefix, "--state-dir", str(state_dir), "--group-id", group,
-                   "--worker-slot", slot, "--tick-interval-ms", "0", "--session-timeout-ms", str(session_timeout_ms),
-                   "--commit-interval-ms", "100", "--log-level", "DEBUG", *args]
+                   "--worker-slot", slot, "--tick-interval-ms", str(TICK_INTERVAL_MS),
+                   "--session-timeout-ms", str(session_timeout_ms), "--commit-interval-ms", "100",
+                   "--log-level", "DEBUG", *args]
         self._log = open(log_path, "ab")
         self.started = time.monotonic()
         self.started_wall = time.time()

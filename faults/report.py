@@ -9,7 +9,8 @@ COLUMNS = (("scenario", "scenario"), ("seed", "seed"), ("events", "events"), ("f
            ("transactions_committed", "txn committed"), ("transactions_aborted", "txn aborted"),
            ("fencing_errors", "fencing errors"), ("releases_expected", "releases expected"),
            ("releases_observed", "releases observed"), ("duplicates", "dup"), ("missing", "missing"),
-           ("mismatches", "mismatch"), ("open_transactions", "open txn"), ("recovery_s_p50", "recovery p50 s"),
+           ("mismatches", "mismatch"), ("open_transactions", "open txn"), ("ticks_committed", "ticks committed"),
+           ("lease_expiries", "lease expiries"), ("recovery_s_p50", "recovery p50 s"),
            ("recovery_s_max", "recovery max s"), ("throughput_events_per_s", "events/s under faults"),
            ("ok", "invariants hold"), ("live", "live (no stuck or crashed processor)"))
 

@@ -2,6 +2,11 @@
 topics of its own, runs `settle run` processes through its faults while a read_committed reader watches,
 ends with one instance owning every partition, stops it cleanly and hands everything to the verifier.
 
+The processors tick from the system clock, as in production (faults/processes.py). The workload's late
+reports are its tail (adversity.for_system_clock): published once every input result before them is
+committed and every partition has committed a tick past their children's shortened leases, so each of
+those children has expired when its late report is folded.
+
 A processor that exits when nobody asked it to is recorded (exit code, last log lines) and restarted, as
 a supervisor (systemd, Kubernetes) would: the report then shows it under `unexpected_exits`."""
 
@@ -19,9 +24,9 @@ from datetime import datetime
 from pathlib import Path
 
 from faults import verify as verifier
-from faults.kafka_io import ContinuousReader, OwnBroker, Topics, read_partitions
+from faults.kafka_io import TICKS_TOPIC, ContinuousReader, OwnBroker, Topics, is_processor_tick, read_partitions
 from faults.processes import COMMITTED_MARKER, LogStats, ProcessorProcess, log_stats
-from faults.adversity import build, publish
+from faults.adversity import SHORT_LEASE_MS, build, for_system_clock, publish
 from branch_settlement.processors.kafka.partition import store_path
 
 GROUP = "settle"
@@ -29,6 +34,9 @@ WAIT_S = 900.0
 # No committed result for this long while results are missing and processors run: they are stuck. A
 # liveness probe would restart them; the watchdog does (kill -9, restart) and the report counts it.
 STALL_S = 75.0
+# The tail is published once every partition has committed a tick this long past the moment the main part's
+# last result was seen: past every shortened lease (granted at a ledger time no later than that moment).
+TAIL_AFTER_MS = SHORT_LEASE_MS + 500
 # Faults after which the processor that recovers is a new process (recovery ends at its first commit).
 RESTART_FAULTS = frozenset({"processor_kill_9", "processor_sigterm", "crash_after_produce", "crash_after_send_offsets",
                             "crash_after_commit", "crash_mid_restore", "projection_directory_deleted",
@@ -70,6 +78,11 @@ class Run:
     seq: int = 0
     injected_at: list = field(default_factory=list)  # committed fraction of the results at each fault
     stall_s: float = STALL_S
+    tail: list = field(default_factory=list)  # the late reports, published by pump()
+    main_expected: int = 0  # results the main part must get before the tail may follow
+    main_done_at: float | None = None  # wall-clock time its last result was seen
+    tail_published_s: float | None = None  # monotonic time the tail was published
+    tail_wait_s: float = 0.0  # from the main part's last result to the tail's publication: idle by design
 
     # -- setup and teardown -----------------------------------------------------------------------------
 
@@ -78,10 +91,14 @@ class Run:
         self.work_dir.mkdir(parents=True)
         self.topics = Topics.create(self.bootstrap, self.name.replace("_", "-"), self.size.partitions)
         workload = build(self.seed, self.size.events)
+        stream = for_system_clock(workload)
         self.faults.update(workload.adversity)
+        self.faults["leases_shortened_for_late_reports"] += stream.short_leases
         t0 = time.monotonic()
-        self.expected = publish(workload, self.bootstrap, self.topics.name("branch-events"), self.size.partitions)
+        self.main_expected = publish(stream.main, self.bootstrap, self.topics.name("branch-events"))
         self.publish_s = time.monotonic() - t0
+        self.tail = stream.tail
+        self.expected = self.main_expected + sum(1 for r in self.tail if not isinstance(r, str))
         self.reader = ContinuousReader(self.bootstrap, self.topics)
         self.reader.start()
         return self
@@ -125,7 +142,25 @@ class Run:
         """No longer supervised: the scenario is about to stop or kill it."""
         return self.managed.pop(slot)
 
+    def pump(self) -> None:
+        """Publish the tail once it is due: every main result committed, then every partition's ledger time
+        (its committed ticks) TAIL_AFTER_MS past that moment."""
+        if self.tail_published_s is not None:
+            return
+        if self.main_done_at is None:
+            if self.reader.results < self.main_expected:
+                return
+            self.main_done_at = time.time()
+        if not self.reader.ticked_past(int(self.main_done_at * 1000) + TAIL_AFTER_MS):
+            return
+        t0 = time.monotonic()
+        publish(self.tail, self.bootstrap, self.topics.name("branch-events"))
+        self.publish_s += time.monotonic() - t0
+        self.tail_published_s = time.monotonic()
+        self.tail_wait_s = time.time() - self.main_done_at
+
     def supervise(self) -> None:
+        self.pump()
         self._watchdog()
         for slot, proc in list(self.managed.items()):
             if not proc.alive():
@@ -179,6 +214,7 @@ class Run:
         return self.reader.results
 
     def wait_fraction(self, fraction: float, timeout_s: float = WAIT_S) -> None:
+        """Until this fraction of the results is committed (the tail is published on the way)."""
         self.reader.wait_for(int(self.expected * fraction), timeout_s, self.supervise)
 
     def fault(self, kind: str) -> None:
@@ -237,7 +273,7 @@ class Run:
         for proc in self.processes:
             stats = stats + log_stats(proc.output())
         recovery = self.recovery_times()
-        elapsed = max(self.finished - self.started, 1e-9)
+        elapsed = max(self.finished - self.started - self.tail_wait_s, 1e-9)
         injected = {k: v for k, v in sorted(self.faults.items()) if v}
         return {
             "scenario": self.name, "seed": self.seed, "events": self.expected,
@@ -260,6 +296,8 @@ class Run:
             "throughput_events_per_s": round(self.expected / elapsed, 1),
             "processing_s": round(elapsed, 1),
             "publish_s": round(self.publish_s, 1),
+            "late_reports_held_back": len(self.tail),
+            "tail_wait_s": round(self.tail_wait_s, 1),
             # Safety: every invariant holds. Liveness (no stuck processor, no unexpected exit) is reported
             # beside it: a processor that needed the watchdog is a finding, not a lost or doubled release.
             "ok": verified["ok"],
@@ -310,6 +348,7 @@ def _crash(run: Run, point: str, fault: str) -> None:
     deadline = time.monotonic() + WAIT_S
     idle_since = None
     while proc.alive() and time.monotonic() < deadline:
+        run.pump()
         if run.progress() >= run.expected:
             idle_since = idle_since or time.monotonic()
             if time.monotonic() - idle_since > 10:
@@ -403,9 +442,26 @@ def zombie(run: Run) -> dict:
 
 
 def _committed_counts(run: Run) -> dict[str, int]:
-    names = ("settlement-results", "capacity-releases", "settlement-audit", "branch-events-dlq", "ledger-changelog")
-    return {n: sum(len(v) for v in read_partitions(run.bootstrap, run.topics.name(n), decode=False).values())
-            for n in names}
+    """The committed records that input records caused, per output topic. The processors' own ticks go on
+    after the input is done (the successor's, and the zombie's once it has rejoined: legitimate work), so
+    what they caused is left out: the results of ticks, and the releases, audit records and summaries a tick
+    triggered (its idempotency key is on ledger-ticks). The changelog cannot be told apart that way and is
+    left out (I3 compares the ledgers); a zombie's committed ticks would break I8's order."""
+    names = ("settlement-results", "capacity-releases", "settlement-audit", "branch-events-dlq")
+    read = {name: [v for recs in read_partitions(run.bootstrap, run.topics.name(name)).values() for _, _, v in recs]
+            for name in names}
+    tick_keys = set()  # read after the outputs: every tick whose records were read is in it
+    for records in read_partitions(run.bootstrap, run.topics.name(TICKS_TOPIC)).values():
+        tick_keys.update(v["idempotency_key"] for _, _, v in records if isinstance(v, dict))
+    counts = {}
+    for name, records in read.items():
+        if name == "settlement-results":
+            counts[name] = sum(1 for v in records if isinstance(v, dict) and not is_processor_tick(v))
+        elif name == "branch-events-dlq":
+            counts[name] = len(records)
+        else:
+            counts[name] = sum(1 for v in records if not isinstance(v, dict) or v["idempotency_key"] not in tick_keys)
+    return counts
 
 
 def rebalance_churn(run: Run) -> dict:

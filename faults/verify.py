@@ -1,6 +1,9 @@
 """The independent verifier. It trusts nothing the processors say about themselves: it reads what was
 committed (read_committed), folds the committed input offline partition by partition (the same fold,
-outside the exactly-once plumbing under test), and checks:
+outside the exactly-once plumbing under test), with the processors' committed ticks (ledger-ticks) merged
+back in where they were folded (each before the first input at or past its anchor: what the processor
+folded) and the input topic's partition count (an event is folded only in its parent's partition), and
+checks:
 
 I1  no release_key appears twice; no child releases more than it reserved (per dimension);
 I2  the releases committed equal the offline fold's, partition by partition, in order (and so do the results
@@ -15,7 +18,11 @@ I6  a fenced zombie committed nothing (counted by the scenario: committed record
     resumed, and what its log says);
 I7  SPEC §3 holds for every parent of the final projections: every term >= 0 and
     available + outstanding + pending + awaiting_confirmation + lent + returned_to_pool + committed
-    == capacity + overdrawn.
+    == capacity + overdrawn;
+I8  every ledger-ticks record was committed once: each is a Tick keyed by an input offset, the anchors of a
+    partition never decrease nor pass its input's end, no tick idempotency key appears twice, and every
+    tick has exactly one result on settlement-results, in the partition and at the offset it was folded
+    before, in the order of ledger-ticks (and no tick result is without its tick).
 """
 
 from __future__ import annotations
@@ -24,19 +31,22 @@ import hashlib
 import time
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from faults.kafka_io import OUTPUT_TOPICS, Topics, read_partitions
+from faults.kafka_io import OUTPUT_TOPICS, TICKS_TOPIC, Topics, is_processor_tick, read_partitions
+from branch_settlement.processors.crosscheck.readers import tick_input
 from branch_settlement.processors.kafka.partition import input_position, store_path
-from branch_settlement.processors.replay.replayer import Input, ledger_snapshot, replay
+from branch_settlement.processors.replay.replayer import Input, ledger_snapshot, merge_ticks, replay
 from branch_settlement.projections import model
 from branch_settlement.projections.store import MemoryStore, RocksStore
 from branch_settlement.schemas.codec import CodecError, default_codec
 
 MARKER_TIMEOUT_S = 60.0
-_offline_cache: dict[bytes, tuple] = {}
+LEASE_EXPIRY_NOTE = "reconciling after lease expiry"  # the audit note of a child whose lease ran out
+_offline_cache: dict[bytes, "Folded"] = {}
 
 
 def _release(r: dict) -> tuple:
@@ -48,16 +58,33 @@ def _result(r: dict) -> tuple:
     return (r["event_id"], r["result"], r["input_offset"])
 
 
-def fold_partition(records: list, partition: int) -> tuple:
-    """(results, releases, ledger, dead letter offsets) of one input partition folded offline. Cached by the
-    digest of its committed bytes: scenarios that publish the same stream share one fold."""
+@dataclass
+class Folded:
+    """One input partition folded offline, with its committed ticks merged in."""
+
+    results: list  # _result tuples, inputs' and ticks' in fold order
+    input_results: list  # the inputs' only
+    tick_results: list  # (event_id, idempotency key, input offset) of each tick's result, in order
+    releases: list
+    ledger: dict
+    dead_letters: list  # input offsets
+    lease_expiries: int  # children sent to reconciliation by an expired lease
+
+
+def fold_partition(records: list, ticks: list, partition: int, partitions: int) -> Folded:
+    """One input partition folded offline: its committed `records` (offset, key, value) with its committed
+    `ticks` (ledger-ticks records) merged in at their anchors, as one partition of `partitions`. Cached by
+    the digest of the bytes of both: scenarios that commit the same input and ticks share one fold."""
     digest = hashlib.blake2b(digest_size=20)
-    for offset, _, value in records:
-        digest.update(b"%d:%d:" % (offset, len(value or b"")))
-        digest.update(value or b"")
-    key = digest.digest() + bytes([partition])
-    if key in _offline_cache:
-        return _offline_cache[key]
+    for source in (records, ticks):
+        digest.update(b"|")
+        for offset, key, value in source:
+            digest.update(b"%d:%d:%d:" % (offset, len(key or b""), len(value or b"")))
+            digest.update(key or b"")
+            digest.update(value or b"")
+    cache_key = digest.digest() + bytes([partition, partitions])
+    if cache_key in _offline_cache:
+        return _offline_cache[cache_key]
     codec = default_codec()
     items = []
     for offset, _, value in records:
@@ -65,11 +92,57 @@ def fold_partition(records: list, partition: int) -> tuple:
             items.append(Input(offset, codec.decode_event(value or b"")))
         except CodecError as exc:
             items.append(Input(offset, None, str(exc)))
-    result, store = replay(items, codec=codec, partition=partition)
-    folded = ([_result(r) for r in result.outputs.results], [_release(r) for r in result.outputs.releases],
-              ledger_snapshot(store, codec), [letter["offset"] for letter in result.dead_letters])
-    _offline_cache[key] = folded
+    end = records[-1][0] + 1 if records else 0
+    merged = merge_ticks(items, [tick_input(codec, offset, key, value) for offset, key, value in ticks], end)
+    result, store = replay(merged, codec=codec, partition=partition, partitions=partitions)
+    out = result.outputs
+    folded = Folded(results=[_result(r) for r in out.results],
+                    input_results=[_result(r) for r in out.results if not is_processor_tick(r)],
+                    tick_results=[(r["event_id"], r["idempotency_key"], r["input_offset"]) for r in out.results
+                                  if is_processor_tick(r)],
+                    releases=[_release(r) for r in out.releases], ledger=ledger_snapshot(store, codec),
+                    dead_letters=[letter["offset"] for letter in result.dead_letters],
+                    lease_expiries=sum(1 for a in out.audits if a["note"] == LEASE_EXPIRY_NOTE))
+    _offline_cache[cache_key] = folded
     return folded
+
+
+def check_ticks(ticks: dict[int, list], results: dict[int, list], input_ends: dict[int, int]) -> dict:
+    """I8 over the committed ledger-ticks records (offset, key, raw value) and the decoded committed results
+    of each partition."""
+    codec = default_codec()
+    problems: list[str] = []
+    keys: Counter = Counter()
+    committed = 0
+    for p in sorted(set(ticks) | set(results)):
+        previous = 0
+        want = []
+        for offset, key, value in ticks.get(p, []):
+            committed += 1
+            item = tick_input(codec, offset, key, value)
+            if item.event is None:
+                problems.append(f"partition {p}: {item.reason}")
+                continue
+            if item.offset < previous:
+                problems.append(f"partition {p}: the tick at ledger-ticks offset {offset} is anchored at input "
+                                f"offset {item.offset}, before the previous tick's {previous}")
+            if item.offset > input_ends.get(p, 0):
+                problems.append(f"partition {p}: the tick at ledger-ticks offset {offset} is anchored at input "
+                                f"offset {item.offset}, past the input's end {input_ends.get(p, 0)}")
+            previous = max(previous, item.offset)
+            keys[item.event["idempotency_key"]] += 1
+            want.append((item.event["event_id"], item.event["idempotency_key"], item.offset))
+        got = [(r["event_id"], r["idempotency_key"], r["input_offset"]) for _, _, r in results.get(p, [])
+               if isinstance(r, dict) and is_processor_tick(r)]
+        if got != want:
+            missing, extra = _diff(want, got)
+            problems.append(f"partition {p}: {len(want)} ticks on ledger-ticks, {len(got)} tick results on "
+                            f"settlement-results ({missing} without a result, {extra} without a tick"
+                            + (", out of order" if not missing and not extra else "") + ")")
+    twice = sorted(k for k, n in keys.items() if n > 1)
+    if twice:
+        problems.append(f"{len(twice)} tick idempotency keys committed more than once, e.g. {twice[:3]}")
+    return {"ok": not problems, "ticks_committed": committed, "problems": problems[:10]}
 
 
 def changelog_ledgers(bootstrap: str, topic: str) -> dict[int, tuple[dict, int | None]]:
@@ -134,6 +207,7 @@ def verify(topics: Topics, final_state: Path, group: str, reader=None, zombie: d
            write_marker: bool = True) -> dict:
     bootstrap = topics.bootstrap
     inputs = read_partitions(bootstrap, topics.name("branch-events"), decode=False)
+    ticks = read_partitions(bootstrap, topics.name(TICKS_TOPIC), decode=False)
     results = read_partitions(bootstrap, topics.name("settlement-results"))
     releases_topic = read_partitions(bootstrap, topics.name("capacity-releases"))
     dlq = read_partitions(bootstrap, topics.name("branch-events-dlq"))
@@ -146,43 +220,51 @@ def verify(topics: Topics, final_state: Path, group: str, reader=None, zombie: d
     invariant_problems: list[str] = []
     child_problems: list[str] = []
     ledger_mismatch: list[str] = []
+    input_ends: dict[int, int] = {}
     for p in range(topics.partitions):
-        want_results, want_releases, want_ledger, want_dead = fold_partition(inputs.get(p, []), p)
-        got_results = [_result(r) for _, _, r in results.get(p, []) if isinstance(r, dict)]
+        want = fold_partition(inputs.get(p, []), ticks.get(p, []), p, topics.partitions)
+        got_all = [r for _, _, r in results.get(p, []) if isinstance(r, dict)]
+        got_results = [_result(r) for r in got_all]
+        got_input_results = [_result(r) for r in got_all if not is_processor_tick(r)]
         got_releases = [_release(r) for _, _, r in releases_topic.get(p, []) if isinstance(r, dict) and "release_key" in r]
         got_dead = [r["offset"] for _, _, r in dlq.get(p, []) if isinstance(r, dict)]
         all_got_releases.extend(got_releases)
         counts["input_records"] += len(inputs.get(p, []))
-        counts["results_expected"] += len(want_results)
-        counts["results_observed"] += len(got_results)
-        counts["releases_expected"] += len(want_releases)
+        counts["results_expected"] += len(want.input_results)
+        counts["results_observed"] += len(got_input_results)
+        counts["tick_results_expected"] += len(want.tick_results)
+        counts["tick_results_observed"] += len(got_all) - len(got_input_results)
+        counts["releases_expected"] += len(want.releases)
         counts["releases_observed"] += len(got_releases)
-        counts["dead_letters_expected"] += len(want_dead)
+        counts["dead_letters_expected"] += len(want.dead_letters)
         counts["dead_letters_observed"] += len(got_dead)
-        for name, want, got in (("results", want_results, got_results), ("releases", want_releases, got_releases),
-                                ("dead letters", want_dead, got_dead)):
-            missing, extra = _diff(want, got)
+        counts["lease_expiries"] += want.lease_expiries
+        # The results compared together, the ticks' among the inputs' where they were folded.
+        for name, want_list, got in (("results", want.results, got_results), ("releases", want.releases, got_releases),
+                                     ("dead letters", want.dead_letters, got_dead)):
+            missing, extra = _diff(want_list, got)
             counts[f"{name.replace(' ', '_')}_missing"] += missing
             counts[f"{name.replace(' ', '_')}_extra"] += extra
-            if want != got and not missing and not extra:
+            if want_list != got and not missing and not extra:
                 counts[f"{name.replace(' ', '_')}_out_of_order"] += 1
-            if want != got:
+            if want_list != got:
                 notes.append(f"partition {p}: {name} differ from the offline fold ({missing} missing, {extra} extra)")
-        counts["duplicate_results"] += sum(n - 1 for n in Counter(r[2] for r in got_results).values() if n > 1)
-        end = inputs[p][-1][0] + 1 if inputs.get(p) else 0
+        counts["duplicate_results"] += sum(n - 1 for n in Counter(r[2] for r in got_input_results).values() if n > 1)
+        end = input_ends[p] = inputs[p][-1][0] + 1 if inputs.get(p) else 0
         for source, ledgers in (("projection", projections), ("changelog", from_changelog)):
             ledger, position = ledgers.get(p, (None, None))
-            if ledger is None and want_ledger["parents"]:
+            if ledger is None and want.ledger["parents"]:
                 ledger_mismatch.append(f"partition {p}: no {source} ledger")
-            elif ledger is not None and ledger != want_ledger:
+            elif ledger is not None and ledger != want.ledger:
                 ledger_mismatch.append(f"partition {p}: {source} ledger differs from the offline fold's")
             if ledger is not None and end and position != end:
                 ledger_mismatch.append(f"partition {p}: {source} covers input offset {position}, input ends at {end}")
         if p in projections:
             invariant_problems += invariant_violations(projections[p][0])
-        child_problems += over_released(got_releases, want_ledger)
+        child_problems += over_released(got_releases, want.ledger)
     key_counts = Counter(r[0] for r in all_got_releases)
     counts["duplicate_releases"] = sum(n - 1 for n in key_counts.values() if n > 1)
+    ticks_checked = check_ticks(ticks, results, input_ends)
     invariants = {
         "I1": {"ok": counts["duplicate_releases"] == 0 and not child_problems,
                "duplicate_release_keys": counts["duplicate_releases"], "children_over_released": child_problems[:5]},
@@ -191,14 +273,18 @@ def verify(topics: Topics, final_state: Path, group: str, reader=None, zombie: d
                                                   "dead_letters_missing", "dead_letters_extra",
                                                   "dead_letters_out_of_order")),
                "releases_expected": counts["releases_expected"], "releases_observed": counts["releases_observed"],
-               "results_expected": counts["results_expected"], "results_observed": counts["results_observed"]},
+               "results_expected": counts["results_expected"], "results_observed": counts["results_observed"],
+               "tick_results_expected": counts["tick_results_expected"],
+               "tick_results_observed": counts["tick_results_observed"]},
         "I3": {"ok": not ledger_mismatch, "mismatches": ledger_mismatch[:10],
                "partitions_compared": sorted(projections)},
         "I7": {"ok": not invariant_problems, "violations": invariant_problems[:10],
                "parents": sum(len(l["parents"]) for l, _ in projections.values())},
+        "I8": ticks_checked,
     }
     if reader is not None:
-        invariants["I4"] = check_reader(reader, counts["results_expected"], counts["releases_expected"])
+        invariants["I4"] = check_reader(reader, counts["results_expected"], counts["releases_expected"],
+                                        ticks_checked["ticks_committed"])
     if zombie is not None:
         invariants["I6"] = zombie
     if write_marker:
@@ -209,37 +295,44 @@ def verify(topics: Topics, final_state: Path, group: str, reader=None, zombie: d
         "releases_observed": counts["releases_observed"],
         "results_expected": counts["results_expected"],
         "results_observed": counts["results_observed"],
+        "ticks_committed": ticks_checked["ticks_committed"],
+        "lease_expiries": counts["lease_expiries"],
         "dead_letters": counts["dead_letters_observed"],
         "duplicates": counts["duplicate_releases"] + counts["duplicate_results"] + counts["releases_extra"]
         + counts["results_extra"] + counts["dead_letters_extra"]
         + (invariants.get("I4", {}).get("duplicates_seen", 0)),
         "missing": counts["releases_missing"] + counts["results_missing"] + counts["dead_letters_missing"],
         "mismatches": len(ledger_mismatch) + counts["releases_out_of_order"] + counts["results_out_of_order"]
-        + counts["dead_letters_out_of_order"] + len(child_problems) + len(invariant_problems),
+        + counts["dead_letters_out_of_order"] + len(child_problems) + len(invariant_problems)
+        + len(ticks_checked["problems"]),
         "open_transactions": open_transactions,
     }
     return {"ok": all(v["ok"] for v in invariants.values()), "summary": summary, "invariants": invariants,
             "notes": notes[:20]}
 
 
-def check_reader(reader, results_expected: int, releases_expected: int, timeout_s: float = 60) -> dict:
+def check_reader(reader, results_expected: int, releases_expected: int, ticks_expected: int,
+                 timeout_s: float = 60) -> dict:
     deadline = time.monotonic() + timeout_s
-    while (reader.results < results_expected or reader.releases < releases_expected) and time.monotonic() < deadline:
+    while (reader.results < results_expected or reader.releases < releases_expected
+           or reader.tick_results < ticks_expected) and time.monotonic() < deadline:
         time.sleep(0.2)
-    dups = len(reader.duplicate_releases) + len(reader.duplicate_results)
-    return {"ok": dups == 0 and reader.results == results_expected and reader.releases == releases_expected,
+    dups = len(reader.duplicate_releases) + len(reader.duplicate_results) + len(reader.duplicate_ticks)
+    return {"ok": dups == 0 and reader.results == results_expected and reader.releases == releases_expected
+            and reader.tick_results == ticks_expected,
             "duplicates_seen": dups, "results_seen": reader.results, "releases_seen": reader.releases,
-            "refetched_after_reconnect": reader.refetched,
-            "examples": (reader.duplicate_releases[:3] + [str(d) for d in reader.duplicate_results[:3]])}
+            "tick_results_seen": reader.tick_results, "refetched_after_reconnect": reader.refetched,
+            "examples": (reader.duplicate_releases[:3] + [str(d) for d in reader.duplicate_results[:3]]
+                         + reader.duplicate_ticks[:3])}
 
 
 def check_no_open_transaction(topics: Topics) -> dict:
-    """I5: a fresh transactional producer commits a marker to every partition of every output topic and
-    the changelog; each must become readable (read_committed) past every earlier record. A transaction left
+    """I5: a fresh transactional producer commits a marker to every partition of every output topic, the
+    changelog and ledger-ticks; each must become readable (read_committed) past every earlier record. A transaction left
     open before it would hold the last stable offset back and keep the marker invisible. Run last: the
     markers are not events (the topics are deleted afterwards)."""
     bootstrap = topics.bootstrap
-    names = [topics.name(t) for t in (*OUTPUT_TOPICS, "ledger-changelog")]
+    names = [topics.name(t) for t in (*OUTPUT_TOPICS, "ledger-changelog", TICKS_TOPIC)]
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"faults-marker-{uuid.uuid4().hex[:8]}",
                          "enable.idempotence": True, "acks": "all", "log_level": 0})
     producer.init_transactions(30)
