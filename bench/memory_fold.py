@@ -4,12 +4,15 @@
                                           [--checkpoint-events 2000] [--tracemalloc] [--avro]
 
 What the processor does to memory, minus the broker: `partitions` RocksDB projections (one LedgerView and
-Fold each, as `PartitionTask` builds them), the ledger fill of bench/suite/backlog.py (parents of 64
-children, one ChildReserved each) spread over the partitions by parent, a checkpoint every
+Fold each, as `PartitionTask` builds them: a fold of one partition of `partitions`), the ledger fill of
+bench/suite/backlog.py (parents of 64 children, one ChildReserved each) routed to the partitions by parent
+as the producer's partitioner does (Kafka's murmur2, schemas/partitioning.py), a checkpoint every
 `checkpoint-events` events (changes encoded, the views' buffers forgotten, the RocksDB batches written, in
 the processor's order). Prints VmRSS against children folded, the view caches' size and RocksDB's own
 memory figures; with `--tracemalloc`, the Python allocations that grew most between the first and the last
-tenth of the fill (slow: use it on 100-200k children).
+tenth of the fill (slow: use it on 100-200k children). With `--realistic N`, the seeded workload follows:
+its events routed the same way, its Ticks folded into every partition as the processor folds its own
+(Fold.tick, before the partition's next input offset: the workload's times stand in for the clock).
 """
 
 from __future__ import annotations
@@ -20,18 +23,19 @@ import os
 import sys
 import tempfile
 import time
-import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.suite.backlog import ledger_fill_events  # noqa: E402
+from branch_settlement.processors.kafka.ticks import tick_event  # noqa: E402
 from branch_settlement.processors.ledger.fold import Fold  # noqa: E402
 from branch_settlement.processors.ledger.outputs import Outputs  # noqa: E402
 from branch_settlement.projections import view as view_module  # noqa: E402
 from branch_settlement.projections.store import MemoryStore, RocksStore  # noqa: E402
 from branch_settlement.projections.view import LedgerView  # noqa: E402
 from branch_settlement.schemas.codec import default_codec  # noqa: E402
+from branch_settlement.schemas.partitioning import partition_of  # noqa: E402
 
 OUTPUT_RECORDS = (("results", "SettlementResult"), ("releases", "CapacityReleased"), ("audits", "AuditRecord"),
                   ("settled", "ParentSettled"))
@@ -54,7 +58,8 @@ def main() -> int:
     parser.add_argument("--checkpoint-events", type=int, default=2000)
     parser.add_argument("--points", type=int, default=20, help="RSS samples over the fill")
     parser.add_argument("--realistic", type=int, default=0,
-                        help="then this many events of the seeded realistic workload (ticks to every partition)")
+                        help="then this many events of the seeded realistic workload (its ticks folded into every "
+                             "partition, as the processor's own)")
     parser.add_argument("--avro", action="store_true", help="encode and decode every event, as the processor does")
     parser.add_argument("--cache-mb", type=int, help="the process-wide view cache budget, estimated MB "
                         f"(default {view_module.DEFAULT_CACHE_BYTES >> 20})")
@@ -73,7 +78,7 @@ def main() -> int:
     stores = [RocksStore(os.path.join(tmp.name, f"partition-{p}")) if args.store == "rocks" else MemoryStore()
               for p in range(args.partitions)]
     views = [LedgerView(store, codec.encode, codec.decode) for store in stores]
-    folds = [Fold(view, p) for p, view in enumerate(views)]
+    folds = [Fold(view, p, args.partitions) for p, view in enumerate(views)]
     outs = [Outputs() for _ in range(args.partitions)]
     offsets = [0] * args.partitions
     dirty: set[int] = set()
@@ -102,7 +107,7 @@ def main() -> int:
         dirty.clear()
 
     for event in ledger_fill_events(args.children):
-        p = zlib.crc32(event["parent_id"].encode()) % args.partitions
+        p = partition_of(event["parent_id"], args.partitions)
         event = codec.event_from_json(event)
         if args.avro:
             event = codec.decode_event(codec.encode_event(event))
@@ -127,9 +132,12 @@ def main() -> int:
     if args.realistic:
         fill_rss = status_kb()["VmRSS"]
         for n, event in enumerate(realistic):
-            targets = range(args.partitions) if event["type"] == "Tick" else \
-                [zlib.crc32(event["parent_id"].encode()) % args.partitions]
-            for p in targets:
+            if event["type"] == "Tick":  # the processor's tick of each partition, at its input position
+                for p in range(args.partitions):
+                    folds[p].tick(tick_event(p, event["now_ms"]), offsets[p], outs[p])
+                    dirty.add(p)
+            else:
+                p = partition_of(event["parent_id"], args.partitions)
                 folds[p].apply(event, offsets[p], outs[p])
                 offsets[p] += 1
                 dirty.add(p)

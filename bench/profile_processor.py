@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/profile_processor.py [--events 60000] [--profiler pyinstrument|cprofile] [--top 30]
 
-The processor (processors.kafka.processor.Processor, exactly-once defaults) runs in this process against its
-own topics on the local broker: the backlog is written in a transaction held open until the processor owns
+The processor (processors.kafka.processor.Processor, exactly-once defaults, its ticks from the system clock at
+the default interval: the input carries no Ticks) runs in this process against its own topics on the local
+broker: the backlog is written in a transaction held open until the processor owns
 every partition, then released; the run stops when every input offset is committed. Reports:
 - wall-clock split of the run into the processor's stages (consume, decode, fold, output encoding, the transaction
   steps, the RocksDB write), timed by wrapping each stage's entry point;
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.suite import backlog  # noqa: E402
 from bench.suite.env import INPUT, Env  # noqa: E402
+from bench.suite.procs import TICK_INTERVAL_MS  # noqa: E402
 from branch_settlement.processors.kafka import checkpoint as checkpoint_module  # noqa: E402
 from branch_settlement.processors.kafka import processor as processor_module  # noqa: E402
 from branch_settlement.processors.kafka import processor_clients as clients_module  # noqa: E402
@@ -97,7 +99,7 @@ def run(args) -> None:
         with tempfile.TemporaryDirectory(prefix="bench-profile-") as state_dir:
             config = ProcessorConfig(bootstrap_servers=args.bootstrap_servers, group_id=env.group("profile"),
                                      topic_prefix=topic_set.prefix, state_dir=state_dir,
-                                     worker_slot=f"profile-{env.run_id}", tick_interval_ms=0,
+                                     worker_slot=f"profile-{env.run_id}", tick_interval_ms=TICK_INTERVAL_MS,
                                      session_timeout_ms=6000)
             processor = processor_module.Processor(config, topic_set.names)
             instrument(processor)

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.suite import backlog, latency, memory, recovery, report, throughput  # noqa: E402
 from bench.suite.env import Env, git_commit, kafka_version, machine  # noqa: E402
-from bench.suite.procs import Procs  # noqa: E402
+from bench.suite.procs import PROCESSOR_FLAGS, TICK_INTERVAL_MS, Procs  # noqa: E402
 from branch_settlement.processors.kafka.config import ProcessorConfig  # noqa: E402
 from branch_settlement.processors.kafka.connection import DEFAULT_BOOTSTRAP_SERVERS  # noqa: E402
 
@@ -222,8 +222,9 @@ def run(settings: Settings, work_dir: Path, command: str) -> dict:
         suite.close()
     doc["settings"] = {**asdict(settings), "partitions": suite.p1.partitions,
                        "commit_interval_ms": defaults.commit_interval_ms, "commit_events": defaults.commit_events,
-                       "processor_flags": "--tick-interval-ms 0 --session-timeout-ms 6000 --log-level DEBUG (the "
-                       "workload carries its own ticks; DEBUG logs each checkpoint's duration); the rest default"}
+                       "processor_flags": f"{' '.join(PROCESSOR_FLAGS)} (the processor ticks from the system clock "
+                       f"every {TICK_INTERVAL_MS} ms, the production default, onto ledger-ticks; the input carries "
+                       "no Ticks; DEBUG logs each checkpoint's duration); the rest default"}
     doc["targets"] = {"throughput": doc["processor_to_ceiling"] >= THROUGHPUT_TARGET,
                       "latency": doc.pop("latency_target_met"), "memory": doc.pop("memory_target_met")}
     doc["load_avg_at_end"] = list(os.getloadavg())

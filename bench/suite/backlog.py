@@ -1,8 +1,10 @@
 """Input records for the benchmarks, and how they reach the input topic.
 
-`realistic(seed, events, partitions)`: the seeded workload of processors/workload.py as `settle produce`
-publishes it (Avro single-object encoded, keyed by parent_id; a Tick to every partition), with its 1%
-malformed lines produced as raw undecodable bytes (the processor dead-letters them).
+`realistic(seed, events, partitions)`: the seeded workload of processors/workload.py without its Ticks, as
+`settle produce` publishes it (Avro single-object encoded, keyed by parent_id, Kafka's murmur2 partitioner),
+with its 1% malformed lines produced as raw undecodable bytes (the processor dead-letters them). Ledger time
+comes from the processor's own ticks (its clock; ledger-ticks): a Tick on the input would only be answered
+`tick_not_accepted`. `realistic_jsonl_lines` keeps the Ticks: a file replay folds the ticks in its lines.
 `ledger_fill(seed, children, partitions)`: parents of 64 children, each child one ChildReserved: the cheapest
 way to put a million children into the ledger.
 
@@ -42,20 +44,19 @@ def encode_workload(items, partitions: int, codec: Codec) -> list[Record]:
             malformed += 1
             continue
         event = codec.event_from_json(item)
-        value = codec.encode_event(event)
         if event["type"] == "Tick":
-            records.extend(Record(p, None, value, event["event_id"]) for p in range(partitions))
-        else:
-            records.append(Record(None, event["parent_id"].encode(), value, event["event_id"]))
+            raise ValueError("a Tick is not produced to the input: only the processor advances ledger time")
+        records.append(Record(None, event["parent_id"].encode(), codec.encode_event(event), event["event_id"]))
     return records
 
 
 def realistic(seed: int, events: int, partitions: int, codec: Codec | None = None) -> list[Record]:
-    return encode_workload(Generator(seed).generate(events), partitions, codec or default_codec())
+    return encode_workload(Generator(seed).generate(events, ticks=False), partitions, codec or default_codec())
 
 
 def realistic_jsonl_lines(seed: int, events: int) -> list[str]:
-    """The same workload as `realistic(seed, events, ...)` as JSON Lines (what `settle replay FILE` reads)."""
+    """The same workload as `realistic(seed, events, ...)` as JSON Lines (what `settle replay FILE` reads),
+    with the generator's Ticks: a file has no processor clock, its replay folds the ticks in its lines."""
     import json
     return [item if isinstance(item, str) else json.dumps(item, separators=(",", ":"))
             for item in Generator(seed).generate(events)]

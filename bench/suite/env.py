@@ -14,6 +14,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from branch_settlement.processors.kafka import topics
+from branch_settlement.processors.kafka.ticks import TICKS_TOPIC
 from branch_settlement.processors.ledger import outputs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +22,8 @@ ADMIN_TIMEOUT_S = 30.0
 INPUT = "branch-events"
 CHANGELOG = "ledger-changelog"
 RESULTS = "settlement-results"
-OUTPUT_TOPICS = (*outputs.OUTPUT_TOPICS, CHANGELOG)  # what the processor writes: its outputs and its changelog
+# What the processor writes: its outputs, its changelog and its ticks (ledger-ticks).
+OUTPUT_TOPICS = (*outputs.OUTPUT_TOPICS, CHANGELOG, TICKS_TOPIC)
 
 
 @dataclass(frozen=True)

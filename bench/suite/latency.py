@@ -4,8 +4,9 @@ fractions of the processor's measured maximum throughput.
 One process drives both ends (one monotonic clock): a rate-limited producer (an orchestrator's settings:
 idempotent, acks=all, linger.ms=5) publishes the seeded workload at `rate` input records per second, noting
 when each event was handed to the producer; a thread reads `settlement-results` read_committed and matches
-each result to its event by event_id (in order, for the ids a workload repeats: duplicate deliveries, a
-Tick's copy per partition). Undecodable records are sent too but have no result to wait for.
+each result to its event by event_id (in order, for the ids a workload repeats: duplicate deliveries).
+Undecodable records are sent too but have no result to wait for; the results of the processor's own ticks
+(its clock's, not the workload's) match no event sent and are passed over.
 
 The system under test is started by the caller: `settle run`, or the pass-through in echo mode (the
 latency ceiling: the same transactions with no fold).

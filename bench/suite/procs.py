@@ -14,12 +14,16 @@ import time
 from pathlib import Path
 
 from bench.suite.env import REPO
+from branch_settlement.processors.kafka.config import ProcessorConfig
 
 CHECKPOINT = re.compile(r"^\S+ (\d\d):(\d\d):(\d\d),(\d+) DEBUG .*checkpoint committed: (\d+) events, (\d+) records, "
                         r"([\d.]+) ms", re.M)
 ASSIGNED = re.compile(r"assigned partitions \[([0-9, ]*)\]")
 REVOKED = re.compile(r"revoked partitions")
 STOP_TIMEOUT_S = 60.0
+# The processor's ticks: from the system clock at the production default (the input carries none).
+TICK_INTERVAL_MS = ProcessorConfig().tick_interval_ms
+PROCESSOR_FLAGS = ("--tick-interval-ms", str(TICK_INTERVAL_MS), "--session-timeout-ms", "6000", "--log-level", "DEBUG")
 
 
 def read_status_kb(pid: int) -> dict[str, int]:
@@ -154,12 +158,11 @@ class Procs:
 
     def processor(self, bootstrap: str, topic_prefix: str, state_dir: Path, group: str, slot: str,
                   extra_args: tuple = (), env: dict | None = None) -> Child:
-        """`settle run` with exactly-once defaults (commit_interval_ms 100, commit_events 2000), ticks only
-        from the input (the workload carries its own ledger time)."""
+        """`settle run` with exactly-once defaults (commit_interval_ms 100, commit_events 2000), ticking from
+        the system clock every TICK_INTERVAL_MS (ledger time, on ledger-ticks: the input carries no Ticks)."""
         args = [sys.executable, "-m", "branch_settlement.processors.cli.main", "run", "--bootstrap-servers", bootstrap,
                 "--topic-prefix", topic_prefix, "--state-dir", str(state_dir), "--group-id", group,
-                "--worker-slot", slot, "--tick-interval-ms", "0", "--session-timeout-ms", "6000",
-                "--log-level", "DEBUG", *extra_args]  # DEBUG: one line per checkpoint, with its duration
+                "--worker-slot", slot, *PROCESSOR_FLAGS, *extra_args]  # DEBUG: a line per checkpoint, its duration
         return self._start(args, f"processor-{group}-{slot}", env)
 
     def module(self, module: str, args: list[str], name: str) -> Child:

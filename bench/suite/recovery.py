@@ -7,8 +7,9 @@ driver weighs on it.
            folded in shards, one process per core, merged into one fold's output) vs
            reading and decoding the same lines into events in one process (processors.replay.replayer.read_events);
 - topic:   `settle replay --topic`'s audit replay (processors.crosscheck.topic_replay.audit_replay: re-fold the
-           input topic, compare every output) vs a raw read_committed consume of the same topics, all at once
-           by one consumer with the replay's reader settings (raw_consume);
+           input topic with the processor's ticks of ledger-ticks merged in, compare every output) vs a raw
+           read_committed consume of the same topics (ledger-ticks included), all at once by one consumer with
+           the replay's reader settings (raw_consume);
 - restore: processors.kafka.restore.restore into empty RocksDB projections, to the group's committed
            offsets, vs a raw read_committed consume of the changelog.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from branch_settlement.processors.kafka.restore import restore
+from branch_settlement.processors.kafka.ticks import TICKS_TOPIC
 from branch_settlement.processors.crosscheck.readers import BATCH, IDLE_WAIT_S, READER_SETTINGS, know_leaders
 from branch_settlement.processors.crosscheck.topic_replay import audit_replay
 from branch_settlement.processors.ledger.outputs import OUTPUT_TOPICS
@@ -107,7 +109,7 @@ def topic_replay(bootstrap: str, names: dict[str, str], partitions: int, state_d
     `settle replay --topic --state-dir` does: reading the live projections is part of the replay's time."""
     config = {"bootstrap.servers": bootstrap}
     codec = default_codec()
-    topics = ["branch-events", *OUTPUT_TOPICS]
+    topics = ["branch-events", TICKS_TOPIC, *OUTPUT_TOPICS]
 
     def replay_topic():
         live = live_projections(state_dir, group) if state_dir else None

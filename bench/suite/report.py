@@ -94,7 +94,8 @@ def markdown(doc: dict) -> str:
         "compare ratios, not absolute figures.", "",
         f"Settings: {s['partitions']} partitions, commit_interval_ms {s['commit_interval_ms']}, commit_events "
         f"{s['commit_events']}, workload seed {s['seed']} ({_fmt(t['processor']['records'])} input records incl. "
-        f"ticks on every partition and undecodable records), latency {s['latency_seconds']} s per level.", "",
+        f"undecodable records, no Ticks: the processor ticks from its clock), latency {s['latency_seconds']} s "
+        "per level.", "",
         *lines, "",
         "The latency ceiling is the pass-through at the processor's 50% rate, echoing each input record as its "
         "result: the same transactions and the same loop as `settle run`, with no fold. With a fixed-period loop "
