@@ -54,7 +54,7 @@ def audit_replay_needs(names: Mapping[str, str]) -> preflight.Needs:
 
 
 def export_needs(names: Mapping[str, str]) -> preflight.Needs:
-    """settle export: reads the input and the ticks, with the readers' group."""
+    """settle export and settle audit --topic: read the input and the ticks, with the readers' group."""
     needed = {names[logical]: frozenset({"READ"}) for logical in ("branch-events", TICKS_TOPIC) if logical in names}
     return preflight.Needs(topics=needed, groups={AUDIT_READER_GROUP: frozenset({"DESCRIBE"})}, role="auditor")
 
@@ -84,5 +84,12 @@ def export(args: argparse.Namespace) -> None:
     preflight.check(connection.config_from_args(args), export_needs(_names(args.topic_prefix, args.topic_spec)))
 
 
+def audit(args: argparse.Namespace) -> None:
+    if not getattr(args, "topic", None) or getattr(args, "file", None):
+        return  # a parent's history from a file asks no broker
+    names = _names(args.topic_prefix, getattr(args, "topic_spec", "") or "")
+    preflight.check(connection.config_from_args(args), export_needs(names))  # the input and its ticks, read
+
+
 # command name -> its preflight (main.py sets it as the command parser's `preflight` default)
-BY_COMMAND = {"run": run, "produce": produce, "replay": replay, "export": export}
+BY_COMMAND = {"run": run, "produce": produce, "replay": replay, "export": export, "audit": audit}

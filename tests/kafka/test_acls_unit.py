@@ -196,7 +196,7 @@ def test_acls_show_needs_no_broker():
 
 def test_a_password_flag_is_refused_by_every_kafka_command_before_any_request():
     for command in (["run"], ["produce", "x.jsonl"], ["replay", "--topic", "branch-events"], ["export", "-o", "x"],
-                    ["topics", "apply"], ["acls", "check"]):
+                    ["topics", "apply"], ["acls", "check"], ["audit", "wf-42", "--topic", "branch-events"]):
         done = _settle(*command, "--bootstrap-servers", "127.0.0.1:1", "--kafka-config", "sasl.password=hunter2")
         assert done.returncode != 0, command
         lines = done.stderr.strip().splitlines()

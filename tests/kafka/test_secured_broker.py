@@ -352,6 +352,8 @@ def test_each_role_does_its_work_under_its_own_principal(deployment: Deployment,
     assert replayed >= len(lines) + 1 and f"exported {replayed} records" in export.stdout
     offline = settle("replay", str(tmp_path / "events.avro"))
     assert offline.returncode == 0, offline.stdout + offline.stderr
+    story = settle("audit", "wf-42", "--topic", "branch-events", *auditor)
+    assert story.returncode == 0 and story.stderr == "", story.stdout + story.stderr
 
     # The projection deleted: the next start restores it from the changelog, under the same principal.
     import shutil
@@ -382,6 +384,7 @@ def _commands(deployment: Deployment, principal_of, tmp_path: Path, events: Path
         "run": [*deployment.run_args(tmp_path / "state"), *principal_of("processor")],
         "replay": ["replay", "--topic", "branch-events", *principal_of("auditor"), *prefix],
         "export": ["export", "-o", str(tmp_path / "x.avro"), *principal_of("auditor"), *prefix],
+        "audit": ["audit", "wf-42", "--topic", "branch-events", *principal_of("auditor"), *prefix],
     }
 
 
@@ -396,7 +399,7 @@ def _assert_one_line(done: subprocess.CompletedProcess, command: str, elapsed_s:
     assert elapsed_s < FAST_FAILURE_S, f"{command} took {elapsed_s:.1f} s to fail"
 
 
-COMMANDS = ("topics", "acls", "produce", "run", "replay", "export")
+COMMANDS = ("topics", "acls", "produce", "run", "replay", "export", "audit")
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -436,6 +439,7 @@ def test_a_ca_that_did_not_sign_the_broker_is_one_line_at_once(deployment: Deplo
     ("produce", "processor", "may not WRITE topic"),
     ("replay", "producer", "may not READ topic"),
     ("export", "processor", "may not READ topic"),
+    ("audit", "producer", "may not READ topic"),
 ])
 def test_a_role_without_the_acls_is_refused_before_it_starts(deployment: Deployment, events: Path, tmp_path, command,
                                                              principal, refusal):
