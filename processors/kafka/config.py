@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import socket
 import tomllib
@@ -20,6 +21,9 @@ from branch_settlement.processors.kafka import connection
 
 CONFIG_FILE_ENV = "SETTLE_CONFIG"
 ENV_PREFIX = "SETTLE_"
+
+
+CLIENT_LOG = logging.getLogger("settle.client")
 
 
 def _default_worker_slot() -> str:
@@ -62,8 +66,10 @@ class ProcessorConfig:
         # (or two test runs) with the same worker slot must not fence each other's producers.
         return f"{self.topic_prefix}{self.transactional_id_prefix}-{self.worker_slot}"
 
-    def client_config(self) -> dict[str, str]:
-        return connection.client_config(self.bootstrap_servers, self.kafka)
+    def client_config(self) -> dict:
+        """The processor's clients' settings; librdkafka's own log lines go through the processor's logging
+        (logger settle.client: its format, its level) instead of raw to stderr."""
+        return {**connection.client_config(self.bootstrap_servers, self.kafka), "logger": CLIENT_LOG}
 
     def validate(self) -> "ProcessorConfig":
         for name in ("commit_interval_ms", "commit_events", "commit_records", "session_timeout_ms",

@@ -25,7 +25,7 @@ def test_defaults() -> None:
     assert config.commit_interval_ms == 100 and config.group_id == "branch-settlement"
     assert config.commit_records == 20_000 and config.view_cache_mb == 96
     assert config.transactional_id.startswith("branch-settlement-")
-    assert config.client_config() == {"bootstrap.servers": "127.0.0.1:9092"}
+    assert config.client_config() == {"bootstrap.servers": "127.0.0.1:9092", "logger": cfg.CLIENT_LOG}
 
 
 def test_precedence_file_then_environment_then_flags(tmp_path: Path) -> None:
@@ -41,7 +41,8 @@ def test_precedence_file_then_environment_then_flags(tmp_path: Path) -> None:
     assert config.transactional_id == "branch-settlement-w1"
     scoped = cfg.load(parse("--worker-slot", "w1", "--topic-prefix", "staging."), environ={})
     assert scoped.transactional_id == "staging.branch-settlement-w1"  # environments never fence each other
-    assert config.client_config() == {"bootstrap.servers": "127.0.0.1:9092", "security.protocol": "SASL_SSL",
+    assert config.client_config() == {"logger": cfg.CLIENT_LOG, "bootstrap.servers": "127.0.0.1:9092",
+                                      "security.protocol": "SASL_SSL",
                                       "ssl.ca.location": "/etc/ca.pem", "sasl.mechanism": "PLAIN"}
 
 
