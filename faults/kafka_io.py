@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient
 
 from branch_settlement.processors.kafka import topics as topics_mod
 from branch_settlement.schemas.codec import CodecError, default_codec
+from branch_settlement.processors.kafka import ticks
 
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_SH = REPO / "deploy" / "kafka.sh"
@@ -32,7 +33,7 @@ READ_TIMEOUT_S = 180.0
 OUTPUT_TOPICS = ("settlement-results", "capacity-releases", "settlement-audit", "branch-events-dlq")
 # The processor's own ticks: Tick events keyed by the input offset each was folded before, written in the
 # transaction of the checkpoint that folded them (processors/kafka/ticks.py).
-TICKS_TOPIC = "ledger-ticks"
+TICKS_TOPIC = ticks.TICKS_TOPIC
 
 
 def is_processor_tick(result: dict) -> bool:

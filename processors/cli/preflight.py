@@ -19,10 +19,10 @@ from branch_settlement.processors.crosscheck.readers import GROUP_ID as AUDIT_RE
 from branch_settlement.processors.kafka import connection, preflight, topics
 from branch_settlement.processors.kafka.acls import RESTORE_GROUP_SUFFIX
 from branch_settlement.processors.ledger.outputs import OUTPUT_TOPICS
+from branch_settlement.processors.kafka.ticks import TICKS_TOPIC
 
 # AUDIT_READER_GROUP: the group.id of the topic replay's and the export's readers. They assign partitions and
 # commit nothing, so the coordinator lookup (DESCRIBE) is all they do with it.
-TICKS_TOPIC = "ledger-ticks"
 
 
 def _names(prefix: str, spec_path: str) -> dict[str, str]:

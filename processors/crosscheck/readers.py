@@ -103,12 +103,6 @@ def offsets_for_time(client_config: dict, topic: str, partitions: list[int], tim
     return ends
 
 
-def read_inputs(client_config: dict, topic: str, partitions: list[int], codec: Codec) -> dict[int, list]:
-    """The input topic as the processor saw it: per partition, (Input, raw bytes) in offset order."""
-    raw = read_committed(client_config, topic, partitions)
-    return {p: [decode_record(codec, p, offset, value)[1:] for offset, _, value in recs] for p, recs in raw.items()}
-
-
 def read_folded_inputs(client_config: dict, names: dict[str, str], partitions: list[int], codec: Codec
                        ) -> dict[int, list[Input]]:
     """What the processor folded, per partition: the committed input records with its ledger ticks merged in
@@ -171,4 +165,4 @@ def stable_ends(admin: AdminClient, topics: list[str], partition: int) -> dict[s
 
 
 __all__ = ["READER_SETTINGS", "BATCH", "IDLE_WAIT_S", "GROUP_ID", "read_committed", "reached", "know_leaders", "partitions_of",
-           "offsets_for_time", "read_inputs", "read_folded_inputs", "read_ticks", "tick_input", "input_bounds", "stable_ends"]
+           "offsets_for_time", "read_folded_inputs", "read_ticks", "tick_input", "input_bounds", "stable_ends"]

@@ -28,8 +28,9 @@ from branch_settlement.processors.crosscheck.progress import Progress
 from branch_settlement.processors.crosscheck.readers import (BATCH, GROUP_ID, IDLE_WAIT_S, READER_SETTINGS,
                                                              input_bounds, know_leaders, partitions_of, read_ticks,
                                                              stable_ends)
-from branch_settlement.processors.crosscheck.report import PartitionOutcome, Report
+from branch_settlement.processors.crosscheck.report import Divergence, PartitionOutcome, Report
 from branch_settlement.processors.kafka.errors import KafkaFailure
+from branch_settlement.processors.kafka.ticks import TICKS_TOPIC as TICKS_SECTION
 from branch_settlement.processors.ledger.outputs import DEAD_LETTER_TOPIC, OUTPUT_ROUTES, OUTPUT_TOPICS
 from branch_settlement.processors.replay.replayer import Input, Replayer
 from branch_settlement.projections.store import MemoryStore, Store
@@ -64,7 +65,7 @@ def audit_replay(client_config: dict, names: dict[str, str], codec: Codec, *, pa
     by_partition = run_shares(_replay_share, job, order, processes, progress, codec)
     progress.finish()
     # divergences in the order a sequential replay reports them: topic by topic, then the ledgers
-    for section in (*DERIVED, DEAD_LETTER_TOPIC, "ledger"):
+    for section in (*DERIVED, DEAD_LETTER_TOPIC, TICKS_SECTION, "ledger"):
         for p in sorted(by_partition):
             report.divergences.extend(by_partition[p].divergences.get(section, ()))
     report.events = sum(part.events for part in by_partition.values())
@@ -137,7 +138,11 @@ class _Active:
         self.p = p
         self.replayer = Replayer((job.store_factory or MemoryStore)(), codec=codec, partition=p,
                                  partitions=job.partition_count)
-        self.ticks = ticks  # the partition's ledger ticks, merged in before the inputs they were folded before
+        # The partition's ledger ticks, merged in before the inputs they were folded before; a record there that
+        # is no tick of the processor's is a divergence of its own, never folded.
+        self.ticks = [tick for tick in ticks if tick.event is not None]
+        self.bad_ticks = [Divergence(job.names[TICKS_SECTION], p, None, tick.offset if tick.offset >= 0 else None, "extra", None,
+                                     {"reason": tick.reason}) for tick in ticks if tick.event is None]
         self.next_tick = 0
         self.input_end = 0
         self.inputs_done = False
@@ -193,7 +198,7 @@ def _replay_share(job: _Job, claim: Callable[[], int | None], progress, codec: C
         p = claim()
         if p is None:
             return False
-        part = active[p] = _Active(p, job, codec, read_ticks(job.client_config, names["ledger-ticks"], [p], codec)[p])
+        part = active[p] = _Active(p, job, codec, read_ticks(job.client_config, names[TICKS_SECTION], [p], codec)[p])
         part.input_end = job.input_ends[p]
         consumer.incremental_assign(([TopicPartition(topic, p, OFFSET_BEGINNING)] if part.input_end > 0 else []) +
                                     [TopicPartition(names[t], p, OFFSET_BEGINNING) for t in OUTPUT_TOPICS])
@@ -274,7 +279,10 @@ def _finish(part: _Active, job: _Job, codec: Codec) -> PartitionOutcome:
     result, store = part.replayer.finish(write_store=job.live is not None or job.keep_folded)
     done = PartitionOutcome(events=len(result.dead_letters) + result.events)
     published = {t: out.records for t, out in part.outputs.items()}
-    compare_partition(p, part.derived, result.dead_letters, published, codec, job.offset_range, job.names, done)
+    compare_partition(p, part.derived, result.dead_letters, published, codec, job.offset_range, job.names, done,
+                      snapshot_end=part.input_end)
+    if part.bad_ticks:
+        done.divergences[TICKS_SECTION] = part.bad_ticks
     if job.live is not None:
         compare_live_ledger(p, store, job.live, codec, done)
     if job.keep_folded:

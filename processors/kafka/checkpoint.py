@@ -60,7 +60,7 @@ def encode_checkpoint(tasks: list[PartitionTask], topics: dict[str, str]) -> tup
 
 
 def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[int, list],
-                 topics: dict[str, str], on_delivery) -> None:
+                 topics: dict[str, str], on_delivery, report_every_record: bool = False) -> None:
     """Every record of the checkpoint, each partition's outputs and ticks (in input order) then its ledger
     changes.
 
@@ -70,12 +70,14 @@ def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[i
     transaction in the abortable error state, which sending the offsets or committing reports
     (rd_kafka_commit_transaction: "if any of the outstanding messages fail permanently the current transaction
     will enter the abortable error state and this function will return an abortable error"). A report per
-    record cost Python time on every record (docs/benchmarks.md, the checkpoint)."""
+    record cost Python time on every record (docs/benchmarks.md, the checkpoint); after a checkpoint that failed,
+    `report_every_record` asks for one per record, so that a record the broker refuses (too large for the
+    topic) is told apart from the rest and its partition stopped, instead of the same abort again."""
     changelog = topics["ledger-changelog"]
     for task in tasks:
         p = task.partition
         records = task.records
-        last = _last_of_each_topic(records)
+        last = range(len(records)) if report_every_record else _last_of_each_topic(records)
         target, value = changelog, b""
         try:
             for n, (topic, key, value) in enumerate(records):
@@ -85,7 +87,8 @@ def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[i
             task_changes = changes[p]
             last = len(task_changes) - 1
             for n, (key, value) in enumerate(task_changes):
-                _produce(producer, changelog, p, key, value, on_delivery if n == last else None)
+                _produce(producer, changelog, p, key, value,
+                         on_delivery if n == last or report_every_record else None)
         except KafkaException as exc:
             err = _kafka_error(exc)
             if err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
@@ -110,7 +113,7 @@ def _last_of_each_topic(records: list) -> set[int]:
 
 
 def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], topics: dict[str, str],
-                      timeout_s: float) -> CheckpointResult:
+                      timeout_s: float, report_every_record: bool = False) -> CheckpointResult:
     """Make the work buffered since the last checkpoint durable, exactly once, in this order:
 
     1. take every output and dead letter (encoded as they were folded, in input order), encode the ledger
@@ -154,9 +157,9 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
             if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
                 for task in tasks:
                     if task.partition == msg.partition():
-                        task.too_large = (f"the broker refused a record for {msg.topic()}[{msg.partition()}] as "
-                                          f"too large ({err.str()}): the topic's max.message.bytes is below "
-                                          "what the processor writes")
+                        task.too_large = (f"the broker refused a record of {len(msg.value() or b'')} bytes for "
+                                          f"{msg.topic()}[{msg.partition()}] as too large ({err.str()}): the "
+                                          "topic's max.message.bytes is below what the processor writes")
             return
         topic, p, offset = msg.topic(), msg.partition(), msg.offset()
         last_offsets[(topic, p)] = offset
@@ -168,7 +171,7 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
                for t in tasks if t.position is not None or t.committed_position >= 0]
     try:
         producer.begin_transaction()
-        _produce_all(producer, tasks, changes, topics, delivered)
+        _produce_all(producer, tasks, changes, topics, delivered, report_every_record)
         phase("produce")
         faults.crash_point("after_produce")
         undelivered = bounded("flush", producer.flush, timeout_s, timeout_s=timeout_s)

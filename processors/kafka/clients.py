@@ -211,13 +211,14 @@ def read_outputs(client_config: dict, topics: list[str], *, group_id: str | None
     try:
         metadata = consumer.list_topics(timeout=10)
         assignment = [TopicPartition(t, p) for t in topics for p in metadata.topics[t].partitions]
+        # the ends before fetching starts: an end-of-partition event is then never one of an earlier end
+        ends = {(tp.topic, tp.partition): high_watermark(consumer, tp) for tp in assignment}
         if group_id is None:
             for tp in assignment:
                 tp.offset = -2  # OFFSET_BEGINNING
             consumer.assign(assignment)
         else:
             consumer.subscribe(topics)
-        ends = {(tp.topic, tp.partition): high_watermark(consumer, tp) for tp in assignment}
         at_end: set[tuple[str, int]] = {tp for tp, end in ends.items() if end == 0}
         idle_since = None
         while True:
@@ -232,7 +233,9 @@ def read_outputs(client_config: dict, topics: list[str], *, group_id: str | None
                 err = message.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        at_end.add((message.topic(), message.partition()))
+                        where = (message.topic(), message.partition())
+                        if message.offset() >= ends[where]:
+                            at_end.add(where)
                         continue
                     raise KafkaException(err)
                 if until_end and message.offset() >= ends[(message.topic(), message.partition())]:

@@ -69,6 +69,8 @@ class Processor:
         self.producer: Producer | None = None
         self.consumer: Consumer | None = None
         self.fence_retries = 0  # fences since the last commit (recovery.py)
+        # After a checkpoint that did not commit, the next asks for a delivery report per record (checkpoint.py).
+        self.report_every_record = False
         self.failed = False
         self.lost_at: float | None = None  # when the partitions were lost, until the next assignment
         self._event_counters = EventCounters(self.metrics)
@@ -103,7 +105,14 @@ class Processor:
     def _partition_count(self, consumer: Consumer) -> int:
         """The input topic's partition count: an event is folded only in its parent's partition of that many
         (schemas/partitioning.py). It never changes: a change moves parents to other partitions."""
-        count = input_partition_count(consumer, self.topics["branch-events"])
+        try:
+            count = input_partition_count(consumer, self.topics["branch-events"])
+        except KafkaFailure:
+            if self.input_partitions is None:
+                raise
+            log.warning("no metadata of %s: keeping its %d partitions", self.topics["branch-events"],
+                        self.input_partitions)
+            return self.input_partitions
         if self.input_partitions is not None and count != self.input_partitions:
             raise KafkaFailure(f"{self.topics['branch-events']} now has {count} partitions, not "
                                f"{self.input_partitions}: its parents moved to other partitions, where they "
@@ -148,7 +157,8 @@ class Processor:
             due = self.last_checkpoint + self.config.commit_interval_ms / 1000
             timeout = min(IDLE_POLL_S, max(due - time.monotonic(), 0.0))
         self._fold_batch(self.consumer.consume(num_messages=CONSUME_BATCH, timeout=timeout))
-        self.events_since_checkpoint += schedule_ticks(self.tasks.values(), self.config.tick_interval_ms, self.clock)
+        self.events_since_checkpoint += schedule_ticks(self.tasks.values(), self.config.tick_interval_ms, self.clock,
+                                                       self._fold_tick)
         self.stability.poll()
         if self._checkpoint_due():
             self.checkpoint()
@@ -193,6 +203,13 @@ class Processor:
         self.events_since_checkpoint += 1
         return task
 
+    def _fold_tick(self, task: PartitionTask, tick: dict) -> None:
+        """Fold one of the processor's ticks; a failure of the fold stops its partition, as for an event."""
+        try:
+            task.fold_tick(tick)
+        except Exception as failure:  # an InvariantViolation in a timer it fired, or any other bug
+            stop_partition(task, failure, self.consumer, self.topics["branch-events"], self.metrics)
+
     def _has_work(self) -> bool:
         return any(task.has_work() for task in self.tasks.values())
 
@@ -211,12 +228,15 @@ class Processor:
         started = time.monotonic()
         tasks = [task for task in self.tasks.values() if not task.stopped]
         try:
-            result = commit_checkpoint(self.producer, self.consumer, tasks, self.topics, call_timeout_s(self.config))
+            result = commit_checkpoint(self.producer, self.consumer, tasks, self.topics, call_timeout_s(self.config),
+                                       self.report_every_record)
         except KafkaFailure as exc:
             recover(self, exc, tasks)
             result = None
         for task in tasks:
-            if task.too_large is not None:  # it would fail every checkpoint again: stop it, the others go on
+            # (a reload replaced the tasks: the failed one is closed, its successor will fail alike and be stopped)
+            if task.too_large is not None and self.tasks.get(task.partition) is task:
+                # it would fail every checkpoint again: stop it, the others go on
                 stop_partition(task, RecordTooLarge(f"{task.too_large}; the checkpoint was aborted"),
                                self.consumer, self.topics["branch-events"], self.metrics,
                                remedy="Raise that setting to at least the record's size and restart.")
@@ -224,6 +244,7 @@ class Processor:
         self.events_since_checkpoint = 0
         self.last_checkpoint = started
         committed = bool(result and result.committed)
+        self.report_every_record = not committed
         elapsed = time.monotonic() - started
         record_checkpoint(self.metrics, committed, elapsed)
         if committed:

@@ -42,9 +42,10 @@ def anchor_of(key: bytes | None) -> int | None:
     return int(key)
 
 
-def schedule_ticks(tasks: Iterable["PartitionTask"], interval_ms: int, clock: Callable[[], float]) -> int:
-    """Fold a tick into each running partition whose last one is `interval_ms` old by `clock` (seconds);
-    0 makes none. Returns how many were made."""
+def schedule_ticks(tasks: Iterable["PartitionTask"], interval_ms: int, clock: Callable[[], float],
+                   fold: Callable[["PartitionTask", dict], object] = lambda task, tick: task.fold_tick(tick)) -> int:
+    """Fold a tick (with `fold`) into each running partition whose last one is `interval_ms` old by `clock`
+    (seconds); 0 makes none. Returns how many were made."""
     if not interval_ms:
         return 0
     now_ms = int(clock() * 1000)
@@ -53,7 +54,7 @@ def schedule_ticks(tasks: Iterable["PartitionTask"], interval_ms: int, clock: Ca
         if task.stopped or now_ms - task.last_tick_ms < interval_ms:
             continue
         task.last_tick_ms = now_ms
-        task.fold_tick(tick_event(task.partition, now_ms))
+        fold(task, tick_event(task.partition, now_ms))
         made += 1
     return made
 

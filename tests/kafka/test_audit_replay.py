@@ -42,6 +42,22 @@ def test_replay_of_a_clean_run_agrees(kafka_topics, processed: Path) -> None:
     assert "AGREES" in run.stdout and "and the live ledgers" in run.stdout
 
 
+def test_replay_against_a_running_processor_agrees(kafka_topics, tmp_path: Path) -> None:
+    """The processor waits for input and goes on ticking at the input's end while the replay reads: its
+    tick results there, committed after the replay read ledger-ticks, are its work since, not extras."""
+    expected = produce_workload(kafka_topics, tmp_path, 2_000, seed=22)
+    proc = ProcessorProcess(kafka_topics, tmp_path / "state", tmp_path / "run.log", slot="a", group="g")
+    try:
+        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, expected, 300, [proc])
+        for _ in range(2):
+            run = settle("replay", "--topic", "branch-events", "--topic-prefix", kafka_topics.prefix,
+                         "--bootstrap-servers", kafka_topics.bootstrap_servers)
+            assert run.returncode == 0, run.stdout + run.stderr
+            assert "AGREES" in run.stdout
+    finally:
+        assert proc.stop() == 0, proc.output()[-3000:]
+
+
 def copy_with_tampering(kafka_topics, admin, prefix: str):
     """Copy every topic to `prefix`, altering one release, removing one, injecting one; return where."""
     spec = topics.load_spec(prefix=prefix)

@@ -119,17 +119,18 @@ def test_hostile_records_neither_stop_nor_wedge_nor_corrupt(kafka_topics, tmp_pa
         assert proc.stop() == 0, proc.output()[-3000:]
 
 
-def test_a_record_too_large_for_the_producer_stops_its_partition_not_the_processor(kafka_topics,
-                                                                                 tmp_path: Path) -> None:
+def test_a_record_too_large_to_produce_stops_its_partition_not_the_processor(kafka_topics, tmp_path: Path) -> None:
     """The fold's records fit the default message sizes by construction; an operator who lowers the
-    producer's message.max.bytes below one of them gets that partition stopped with the record's size and
-    the setting named, once, not a checkpoint aborted twice a second for ever; the other partitions go on."""
+    producer's message.max.bytes below one of them gets that partition stopped with the record's size and the
+    setting named, not a checkpoint aborted twice a second for ever; the other partitions go on. (A topic's
+    max.message.bytes refusing a record is the broker's delivery report: tests/kafka/test_ticks_unit.py.)"""
     codec = default_codec()
     topic = kafka_topics.name("branch-events")
     partitions = kafka_topics.spec.topic("branch-events").partitions
     producer = Producer({"bootstrap.servers": kafka_topics.bootstrap_servers, "partitioner": "murmur2_random"})
     big, small = "P-big", next(f"Q{i}" for i in range(1000) if partition_of(f"Q{i}", partitions) != partition_of(
         "P-big", partitions))
+    extra_args = ("--commit-events", "1", "--kafka-config", "message.max.bytes=8000")
 
     def send(e: dict) -> None:
         producer.produce(topic, value=codec.encode_event(e), key=e["parent_id"].encode())
@@ -142,7 +143,7 @@ def test_a_record_too_large_for_the_producer_stops_its_partition_not_the_process
     send(event("ChildSkipped", big, f"{big}/A/skip", child_id="A", attempt_id="A1", reason="x" * 20_000))
     producer.flush(30)
     proc = ProcessorProcess(kafka_topics, tmp_path / "state", tmp_path / "run.log", slot="a", group="g",
-                            extra_args=("--kafka-config", "message.max.bytes=8000", "--commit-events", "1"))
+                            extra_args=extra_args)
     try:
         deadline = time.monotonic() + 90
         while "STOPPED" not in proc.output():

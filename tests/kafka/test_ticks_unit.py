@@ -172,3 +172,95 @@ def test_murmur2_is_kafkas(key: str, expected: int) -> None:
 
     assert murmur2(key.encode()) == expected & 0xFFFFFFFF
     assert partition_of(key, 8) == (expected & 0x7FFFFFFF) % 8
+
+
+class _RefusingProducer:
+    """A transactional producer whose broker refuses records over `limit` bytes: a delivery report says so
+    for the records that asked for one, and the transaction can then only abort."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.pending: list = []
+        self.refused = False
+
+    def begin_transaction(self) -> None:
+        self.pending, self.refused = [], False
+
+    def produce(self, topic, value=None, key=None, partition=None, on_delivery=None) -> None:
+        self.pending.append((topic, partition, value, on_delivery))
+
+    def flush(self, timeout=None) -> int:
+        from confluent_kafka import KafkaError
+
+        for offset, (topic, partition, value, callback) in enumerate(self.pending):
+            too_large = len(value or b"") > self.limit
+            self.refused |= too_large
+            if callback is not None:
+                callback(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large") if too_large else None,
+                         _Delivered(topic, partition, offset, value))
+        self.pending = []
+        return 0
+
+    def send_offsets_to_transaction(self, offsets, metadata, timeout=None) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        if self.refused:
+            raise KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT, "abortable", txn_requires_abort=True))
+
+    def commit_transaction(self, timeout=None) -> None:
+        pass
+
+    def abort_transaction(self, timeout=None) -> None:
+        pass
+
+
+class _Delivered:
+    def __init__(self, topic, partition, offset, value) -> None:
+        self._t, self._p, self._o, self._v = topic, partition, offset, value
+
+    def topic(self): return self._t
+    def partition(self): return self._p
+    def offset(self): return self._o
+    def value(self): return self._v
+
+
+class _GroupConsumer(_Consumer):
+    def consumer_group_metadata(self) -> object:
+        return object()
+
+
+def test_a_record_the_broker_refuses_is_told_apart_on_the_checkpoint_after() -> None:
+    """Only the last record of each topic-partition asks for a delivery report: a refused record in the middle
+    fails the transaction unattributed. The checkpoint after a failed one asks for a report per record, so it
+    names the partition (Processor.checkpoint then stops it) instead of failing the same way for ever."""
+    from branch_settlement.processors.kafka.checkpoint import commit_checkpoint
+
+    topics = {name: name for name in ("branch-events", "ledger-changelog", "ledger-ticks", "settlement-results",
+                                      "capacity-releases", "settlement-audit", "branch-events-dlq")}
+    own = parent_in(1)
+
+    def child(event_type: str, key: str, **fields) -> dict:
+        return CODEC.event_from_json({"type": event_type, "event_id": key, "idempotency_key": key, "parent_id": own,
+                                      "occurred_at_ms": T0, **fields})
+
+    def fold(t: PartitionTask) -> None:  # a large audit record (the skip's reason) that is not the last
+        t.next_offset = 0
+        for offset, e in enumerate([reserved(own),
+                                    child("ChildReserved", "k/c", child_id="A", branch_id="A", attempt_id="A1",
+                                          quantities={"tokens": 5}),
+                                    child("ChildSkipped", "k/s", child_id="A", attempt_id="A1", reason="x" * 20_000),
+                                    child("ChildReserved", "k/c2", child_id="B", branch_id="B", attempt_id="B1",
+                                          quantities={"tokens": 1})]):
+            t.apply(e, offset)
+        t.next_offset = t.position = 4
+
+    t = task(1)
+    fold(t)
+    audits = [len(v) for topic, _, v in t.records if topic == "settlement-audit"]
+    assert max(audits) > 8000 and audits[-1] < 8000
+    producer, consumer = _RefusingProducer(8000), _GroupConsumer()
+    assert not commit_checkpoint(producer, consumer, [t], topics, 5.0).committed
+    assert t.too_large is None  # unattributed: the refused record asked for no report
+    fold(t)  # folded again after the rewind
+    assert not commit_checkpoint(producer, consumer, [t], topics, 5.0, report_every_record=True).committed
+    assert t.too_large is not None and "settlement-audit[1]" in t.too_large and "max.message.bytes" in t.too_large
