@@ -58,17 +58,19 @@ def test_provisioning_command_is_valid_and_yields_exactly_the_spec():
     assert provisioned == topics.load_spec(REPO_DIR / "deploy" / "topics.json")
 
 
-def test_the_image_carries_the_spec_where_the_services_look_for_it():
-    spec_path = environment("topics")["SETTLE_TOPIC_SPEC"]
-    assert f"COPY deploy/topics.json {spec_path}" in DOCKERFILE
-    assert f"ENV SETTLE_TOPIC_SPEC={spec_path}" in DOCKERFILE
-    assert "!deploy/topics.json" in (REPO_DIR / "deploy" / "Dockerfile.dockerignore").read_text()
+def test_the_image_installs_the_spec_with_the_package():
+    """The topic spec and the ACL set are package data (the installed commands' defaults): the image needs no
+    copy of its own, nor a SETTLE_TOPIC_SPEC pointing at one."""
+    assert "COPY deploy ./deploy" in DOCKERFILE and "SETTLE_TOPIC_SPEC" not in DOCKERFILE
+    ignore = (REPO_DIR / "deploy" / "Dockerfile.dockerignore").read_text().split()
+    assert {"!deploy/topics.json", "!deploy/acls.json"} <= set(ignore)
+    assert "SETTLE_TOPIC_SPEC" not in environment("topics") and "SETTLE_TOPIC_SPEC" not in environment("processor")
     assert 'ENTRYPOINT ["settle"]' in DOCKERFILE
 
 
 def test_processor_uses_the_cluster_and_topic_names_that_were_provisioned():
     provisioning, processor = environment("topics"), environment("processor")
-    for key in ("SETTLE_BOOTSTRAP_SERVERS", "SETTLE_TOPIC_PREFIX", "SETTLE_TOPIC_SPEC"):
+    for key in ("SETTLE_BOOTSTRAP_SERVERS", "SETTLE_TOPIC_PREFIX"):
         assert processor[key] == provisioning[key], key
     advertised = SERVICES["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
     assert f"INTERNAL://{processor['SETTLE_BOOTSTRAP_SERVERS']}" in advertised.split(",")

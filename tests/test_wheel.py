@@ -34,6 +34,8 @@ def test_the_wheel_holds_one_namespace_with_its_schemas(wheel: Path) -> None:
     assert "branch_settlement/schemas/ChildFailed.avsc" in names
     assert "branch_settlement/schemas/history/ChildFailed.v1.avsc" in names
     assert "branch_settlement/processors/ledger/fold.py" in names
+    # the commands' defaults, data of the package: the topic spec and the ACL set
+    assert {"branch_settlement/deploy/topics.json", "branch_settlement/deploy/acls.json"} <= set(names)
 
 
 def test_a_users_own_schemas_package_does_not_shadow_it(wheel: Path, tmp_path: Path) -> None:
@@ -59,3 +61,14 @@ def test_a_users_own_schemas_package_does_not_shadow_it(wheel: Path, tmp_path: P
     assert done.returncode == 0, done.stderr
     assert done.stderr.startswith(str(target)), done.stderr
     assert '"result": "ok"' in done.stdout
+    # the topic spec and the ACL set the installed commands read by default: the wheel's own
+    specs = subprocess.run([sys.executable, "-I", "-S", "-c",
+                            "import sys; sys.path[:0] = sys.argv[1].split(sys.argv[2]); "
+                            "from branch_settlement.processors.kafka import acls, topics; "
+                            "print(topics.DEFAULT_SPEC_PATH, len(topics.load_spec().topics)); "
+                            "print(acls.DEFAULT_SPEC_PATH, acls.DEFAULT_SPEC_PATH.is_file())", path, os.pathsep],
+                           capture_output=True, text=True, cwd=tmp_path)
+    assert specs.returncode == 0, specs.stderr
+    lines = specs.stdout.splitlines()
+    assert lines[0].startswith(str(target)) and lines[0].endswith(" 7"), specs.stdout
+    assert lines[1].startswith(str(target)) and lines[1].endswith(" True"), specs.stdout

@@ -81,7 +81,7 @@ def _add_arguments(parser: argparse.ArgumentParser, cluster: bool) -> None:
     parser.add_argument("--topic-spec", default=os.environ.get(topics.SPEC_ENV, ""),
                         help="topic spec (default deploy/topics.json)")
     parser.add_argument("--spec", metavar="FILE",
-                        help=f"ACL spec (env {acls.SPEC_ENV}; default deploy/acls.json of this source tree)")
+                        help=f"ACL spec (env {acls.SPEC_ENV}; default: deploy/acls.json, installed with the package)")
     parser.add_argument("--json", action="store_true", help="print the ACLs as JSON")
 
 

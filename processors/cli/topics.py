@@ -56,7 +56,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add_connection_arguments(parser)
     parser.add_argument(
         "--spec", metavar="FILE",
-        help=f"topic spec (env {topics.SPEC_ENV}; default deploy/topics.json of this source tree)")
+        help=f"topic spec (env {topics.SPEC_ENV}; default: deploy/topics.json, installed with the package)")
     parser.add_argument(
         "--topic-prefix", metavar="PREFIX",
         help=f"put PREFIX in front of every topic name, e.g. 'staging.' (env {topics.TOPIC_PREFIX_ENV}; "

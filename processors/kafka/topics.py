@@ -23,7 +23,8 @@ from branch_settlement.processors.kafka.errors import BrokerUnreachable, KafkaFa
 
 SPEC_ENV = "SETTLE_TOPIC_SPEC"
 TOPIC_PREFIX_ENV = "SETTLE_TOPIC_PREFIX"
-# The spec lives beside the deployment files; an installed package (no source tree) needs --spec or SETTLE_TOPIC_SPEC.
+# The spec is deploy/topics.json: in a source tree beside the deployment files, installed as package data
+# (branch_settlement/deploy/), the same path from here.
 DEFAULT_SPEC_PATH = Path(__file__).resolve().parents[2] / "deploy" / "topics.json"
 # -1 asks the broker for its default.replication.factor: 1 on the local broker, the cluster's choice elsewhere.
 BROKER_DEFAULT_REPLICATION_FACTOR = -1
