@@ -201,3 +201,16 @@ def test_a_password_flag_is_refused_by_every_kafka_command_before_any_request():
         assert done.returncode != 0, command
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and "secret on the command line" in lines[0] and "hunter2" not in lines[0], done.stderr
+
+
+def test_the_command_line_does_not_depend_on_the_acl_spec(monkeypatch, tmp_path) -> None:
+    """Only `settle acls` reads the ACL spec: without one every other command (and --help) still works."""
+    from branch_settlement.processors.cli import main as cli_main
+    from branch_settlement.processors.kafka import acls as acls_mod
+
+    monkeypatch.setattr(acls_mod, "DEFAULT_SPEC_PATH", tmp_path / "missing.json")
+    events = tmp_path / "events.jsonl"
+    events.write_text('{"type": "Tick", "event_id": "t", "idempotency_key": "tick/0/5", "parent_id": "", '
+                      '"occurred_at_ms": 0, "now_ms": 5}\n')
+    assert cli_main.main(["replay", "--json", str(events)]) == 0
+    assert cli_main.main(["acls", "show"]) == 1  # the one command that needs it says so
