@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit verify kafka-up kafka-down kafka-status kafka-secure-up kafka-secure-down kafka-secure-status bench bench-quick bench-fold bench-replay faults clean
+.PHONY: install demo test test-unit verify broker kafka-up kafka-down kafka-status kafka-secure-up kafka-secure-down kafka-secure-status bench bench-quick bench-fold bench-replay faults clean
 
 install: $(STAMP)
 
@@ -17,10 +17,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	@touch $(STAMP)
 
-demo: install kafka-up
+demo: install broker
 	$(BIN)/python -m branch_settlement.processors.kafka.demo
 
-test: install kafka-up
+test: install broker
 	$(BIN)/pytest
 
 test-unit: install
@@ -30,6 +30,10 @@ test-unit: install
 DEPTH ?= 5
 verify: install
 	$(BIN)/python -m tests.ledger.exhaustive --depth $(DEPTH)
+
+# The cluster SETTLE_BOOTSTRAP_SERVERS names (default 127.0.0.1:9092) when it answers; else the local broker there.
+broker: install
+	@bash deploy/broker.sh
 
 kafka-up:
 	@bash deploy/kafka.sh up

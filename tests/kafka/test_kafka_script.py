@@ -119,3 +119,20 @@ def test_an_unknown_role_is_refused_with_one_clear_line(tmp_path):
                          "KAFKA_RUN_DIR": str(tmp_path / "run")})
     assert up.returncode == 2
     assert up.stderr.strip() == "kafka: KAFKA_ROLE is 'leader'; it must be combined, controller or broker."
+
+
+BROKER_SH = KAFKA_SH.with_name("broker.sh")
+
+
+def test_make_uses_the_broker_the_environment_names_or_says_why_not(kafka_bootstrap: str) -> None:
+    """deploy/broker.sh (make demo, make test): a cluster that answers at SETTLE_BOOTSTRAP_SERVERS is used,
+    whoever started it; a remote one that does not answer is one clear line and exit 1, nothing started."""
+    used = subprocess.run(["bash", str(BROKER_SH)], env={**os.environ, "SETTLE_BOOTSTRAP_SERVERS": kafka_bootstrap},
+                          capture_output=True, text=True, timeout=60)
+    assert used.returncode == 0 and f"using the Kafka cluster at {kafka_bootstrap}" in used.stdout, used.stderr
+    refused = subprocess.run(["bash", str(BROKER_SH)], env={**os.environ, "SETTLE_BOOTSTRAP_SERVERS": "192.0.2.1:9092"},
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.strip().splitlines() == [
+        "broker: no Kafka broker answers at 192.0.2.1:9092 (SETTLE_BOOTSTRAP_SERVERS), and it is not a local "
+        "address deploy/kafka.sh could start one on"]
