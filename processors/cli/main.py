@@ -17,8 +17,10 @@ from branch_settlement.processors.cli import audit
 from branch_settlement.processors.cli import replay as replay_cli
 from branch_settlement.errors import SettlementError
 
+# One meaning per exit code, for every command: 0 done (a replay agrees, topics and ACLs as specified);
+# 1 done, and the answer is no (a replay diverges, drift, lines refused); 2 could not be done (an error).
 EXIT_OK = 0
-EXIT_FAILED = 1
+EXIT_FAILED = 2
 
 
 def _version() -> str:
@@ -33,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="settle",
         description="Settle parent/child capacity reservations of parallel AI workflows, exactly once. "
                     "See `settle COMMAND --help`.",
+        epilog="Exit codes, for every command: 0 done (a replay agrees; topics and ACLs as specified); 1 done, "
+               "and the answer is no (a replay diverges, drift, input lines refused); 2 an error (one line on "
+               "stderr says what).",
     )
     parser.add_argument("--version", action="version", version=f"settle {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

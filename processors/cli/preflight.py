@@ -4,7 +4,7 @@
 command's parser has a `preflight` default): the brokers must answer within the deadline, over TLS they
 trust and that trusts them, with credentials they accept, and the principal must be allowed every
 operation the command performs on its topics and groups. A wrong password, a missing CA file or a missing
-ACL is one line and exit 1 instead of a command that retries for ever or fails half way.
+ACL is one line and exit 2 instead of a command that retries for ever or fails half way.
 
 The operations are the commands' own (what their clients do), not a role's: deploy/acls.json grants each
 role at least these (tests/kafka/test_acls_unit.py holds the two together).

@@ -121,7 +121,7 @@ def test_rocksdb_replay_keeps_the_ledger(worked_example: Path, tmp_path: Path) -
 def test_cli_errors_are_one_line_not_a_traceback(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "branch_settlement.processors.cli.main", "replay", str(tmp_path / "missing.jsonl")],
                           capture_output=True, text=True)
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # an error, not a divergence (1)
     assert proc.stderr.strip() == f"settle replay: no such file: {tmp_path / 'missing.jsonl'}"
 
 
