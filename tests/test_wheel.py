@@ -35,7 +35,8 @@ def test_the_wheel_holds_one_namespace_with_its_schemas(wheel: Path) -> None:
     assert "branch_settlement/schemas/history/ChildFailed.v1.avsc" in names
     assert "branch_settlement/processors/ledger/fold.py" in names
     # the commands' defaults, data of the package: the topic spec and the ACL set
-    assert {"branch_settlement/deploy/topics.json", "branch_settlement/deploy/acls.json"} <= set(names)
+    assert {"branch_settlement/deploy/topics.json", "branch_settlement/deploy/acls.json",
+            "branch_settlement/docs/contract.md"} <= set(names)
 
 
 def test_a_users_own_schemas_package_does_not_shadow_it(wheel: Path, tmp_path: Path) -> None:

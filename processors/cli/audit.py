@@ -43,7 +43,7 @@ state change of the parent and its children, every release with its destination 
 and the parent's balances (committed, outstanding, pending, available, returned to pool, ...) after each
 step, as aligned tables on stdout.
 
-FILE holds the events of one partition, as JSON Lines (SPEC §12 JSON form) or an Avro object container
+FILE holds the events of one partition, as JSON Lines (the events' JSON form: `settle contract`) or an Avro object container
 file (e.g. from `settle export`). Every event of the file is folded, not only the parent's own: ticks
 advance ledger time and expire leases for the whole partition. Lines that are not events are counted as
 dead letters and otherwise ignored.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from importlib.metadata import PackageNotFoundError, version
 
 from confluent_kafka import KafkaException
@@ -43,8 +44,29 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     replay_cli.add_parsers(commands)
     audit.add_parser(commands)
+    _add_contract(commands)
     _add_kafka_commands(commands)
     return parser
+
+
+# docs/contract.md: in a source tree beside the code, installed as package data (branch_settlement/docs/).
+CONTRACT = Path(__file__).resolve().parents[2] / "docs" / "contract.md"
+
+
+def _add_contract(commands) -> None:
+    p = commands.add_parser("contract", help="print the contract: the events and their JSON form, results, outputs",
+                            description="Print the contract (docs/contract.md, installed with the package): the "
+                                        "model, every event and its JSON form, idempotency, the lifecycle, the "
+                                        "result codes, the outputs and their topics, the ledger JSON document.")
+    p.set_defaults(run=_print_contract)
+
+
+def _print_contract(args: argparse.Namespace) -> int:
+    try:
+        sys.stdout.write(CONTRACT.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise SettlementError(f"cannot read the contract at {CONTRACT}: {err.strerror or err}") from None
+    return EXIT_OK
 
 
 def _add_kafka_commands(commands) -> None:

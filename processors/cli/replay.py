@@ -18,8 +18,8 @@ MAX_DIVERGENCES_SHOWN = 50
 def add_parsers(commands) -> None:
     p = commands.add_parser(
         "replay", help="fold events from a file or from the topic; against the topic, compare with the outputs",
-        description="Fold events through the same fold as the processor. From a FILE (JSON Lines in the SPEC §12 "
-                    "JSON form, an Avro container of events, or a `settle export` file) no broker is needed; "
+        description="Fold events through the same fold as the processor. From a FILE (JSON Lines of events in their "
+                    "JSON form, `settle contract`; an Avro container of events; or a `settle export` file) no broker is needed; "
                     "undecodable lines become dead letters with their line number and the replay goes on. "
                     "With --topic branch-events it re-folds the topic into fresh projections (the live one is "
                     "never touched), compares every derived result, release, audit record and dead letter with "

@@ -47,6 +47,8 @@ def test_the_installed_wheel_runs_the_pipeline(installed: Path, kafka_bootstrap:
         return subprocess.run([str(installed), *args], cwd=work, env=env, capture_output=True, text=True,
                               timeout=timeout_s)
 
+    contract = settle("contract")  # the contract every --help points to, from the installed package
+    assert contract.returncode == 0 and contract.stdout.startswith("# The settlement contract"), contract.stderr
     where = settle("topics", "apply", "--partitions", "2")
     assert where.returncode == 0, where.stdout + where.stderr
     events = work / "events.jsonl"  # the example's events: ledger time is the processor's own
