@@ -63,7 +63,8 @@ def copy_with_tampering(kafka_topics, admin, prefix: str):
     spec = topics.load_spec(prefix=prefix)
     topics.apply(admin, spec)
     codec = default_codec()
-    producer = Producer({"bootstrap.servers": kafka_topics.bootstrap_servers})
+    # idempotent: a copy keeps each partition's order (a retried batch must not overtake a later one)
+    producer = Producer({"bootstrap.servers": kafka_topics.bootstrap_servers, "enable.idempotence": True})
     offsets: dict[str, tuple] = {}
     done: set[str] = set()  # decided when produced; `offsets` is filled when delivered
 

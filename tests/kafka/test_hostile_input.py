@@ -36,8 +36,9 @@ def event(etype: str, parent_id: str, key: str, **fields) -> dict:
 def test_hostile_records_neither_stop_nor_wedge_nor_corrupt(kafka_topics, tmp_path: Path) -> None:
     codec = default_codec()
     topic = kafka_topics.name("branch-events")
+    # idempotent: the test relies on the order of a partition's records (a retried batch must not overtake)
     producer = Producer({"bootstrap.servers": kafka_topics.bootstrap_servers, "partitioner": "murmur2_random",
-                         "message.max.bytes": 1_000_000})
+                         "message.max.bytes": 1_000_000, "enable.idempotence": True})
 
     def send(value: bytes, key: str = "P") -> None:
         producer.produce(topic, value=value, key=key.encode())
@@ -127,7 +128,8 @@ def test_a_record_too_large_to_produce_stops_its_partition_not_the_processor(kaf
     codec = default_codec()
     topic = kafka_topics.name("branch-events")
     partitions = kafka_topics.spec.topic("branch-events").partitions
-    producer = Producer({"bootstrap.servers": kafka_topics.bootstrap_servers, "partitioner": "murmur2_random"})
+    producer = Producer({"bootstrap.servers": kafka_topics.bootstrap_servers, "partitioner": "murmur2_random",
+                         "enable.idempotence": True})
     big, small = "P-big", next(f"Q{i}" for i in range(1000) if partition_of(f"Q{i}", partitions) != partition_of(
         "P-big", partitions))
     extra_args = ("--commit-events", "1", "--kafka-config", "message.max.bytes=8000")
