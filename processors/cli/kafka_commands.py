@@ -75,7 +75,7 @@ def add_produce(commands) -> None:
                     "partitioner), idempotent producer. Lines that are not valid events, and Tick lines (only "
                     "the processor advances ledger time), are reported with their line number and not sent; "
                     "the exit code is then 1.")
-    p.add_argument("file", help="JSON Lines file of events")
+    p.add_argument("file", help="JSON Lines file of events; - for standard input")
     p.add_argument("--topic-prefix", default=os.environ.get("SETTLE_TOPIC_PREFIX", ""),
                    help="prefix of the topic names (env SETTLE_TOPIC_PREFIX)")
     p.add_argument("--topic-spec", default=os.environ.get("SETTLE_TOPIC_SPEC", ""), help="topic spec file")
@@ -84,19 +84,24 @@ def add_produce(commands) -> None:
 
 
 def _produce(args: argparse.Namespace) -> int:
+    from branch_settlement.processors.cli.inputs import input_file
+
+    with input_file(args.file) as path:
+        return _produce_path(args, path)
+
+
+def _produce_path(args: argparse.Namespace, path: str) -> int:
     from branch_settlement.processors.kafka.clients import TICK_NOT_PRODUCIBLE, BranchEventProducer
     from branch_settlement.processors.ledger.validation import validate
     from branch_settlement.processors.replay.replayer import read_jsonl
     from branch_settlement.schemas.codec import default_codec
 
-    if not os.path.isfile(args.file):
-        raise SettlementError(f"no such file: {args.file}")
     codec = default_codec()
     producer = BranchEventProducer(connection.config_from_args(args),
                                    topic_names(args.topic_prefix, args.topic_spec)["branch-events"], codec)
     partitions = producer.partitions()
     sent, rejected = 0, 0
-    for item in read_jsonl(args.file, codec):
+    for item in read_jsonl(path, codec):
         # Refused here what the processor would refuse (the fold's own validation): an orchestrator learns it now.
         reason = item.reason if item.event is None else validate(item.event)
         if reason is None and item.event["type"] == "Tick":
@@ -157,9 +162,11 @@ def _inspect(args: argparse.Namespace) -> int:
               f"{parent['live_children']} live of at most {parent['max_live_children']}")
         print("\n".join(balance_table(parent["dimensions"])))
         print("\nchildren")
+        quantities = lambda q: ", ".join(f"{dim} {n}" for dim, n in sorted(q.items())) or "none"
         for child in children:
             print(f"  {child['child_id']:<16} {child['state']:<18} attempt {child['attempt_id']:<12} "
-                  f"generation {child['lease_generation']}  reserved {child['reserved']}  consumed {child['consumed']}")
+                  f"generation {child['lease_generation']}  reserved {quantities(child['reserved'])}  "
+                  f"consumed {quantities(child['consumed'])}")
         return 0
     raise SettlementError(f"parent {args.parent_id!r} is in none of the projections under "
                           f"{group_dir(args.state_dir, args.group_id)}")

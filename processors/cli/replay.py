@@ -26,7 +26,8 @@ def add_parsers(commands) -> None:
                     "what the processors committed, and the final ledgers with the live projections "
                     "(--state-dir); it reports each divergence with its topic, partition and offset and exits "
                     "0 when everything agrees, 1 when anything diverges.")
-    p.add_argument("file", nargs="?", help="events: .jsonl, an Avro container file, or a `settle export` file")
+    p.add_argument("file", nargs="?", help="events: .jsonl, an Avro container file, or a `settle export` file; - "
+                                          "for standard input")
     p.add_argument("--topic", metavar="NAME", help="replay the topic instead of a file (logical name: branch-events)")
     p.add_argument("--json", action="store_true",
                    help="print the ledger and every output as one JSON document (stable bytes)")
@@ -117,6 +118,13 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def _replay_file(args: argparse.Namespace) -> int:
+    from branch_settlement.processors.cli.inputs import input_file
+
+    with input_file(args.file) as path:
+        return _replay_path(args, path)
+
+
+def _replay_path(args: argparse.Namespace, path: str) -> int:
     from branch_settlement.processors.replay import export_format, partitioned
     from branch_settlement.processors.replay import replayer as rp
     from branch_settlement.processors.replay import sharded
@@ -124,17 +132,15 @@ def _replay_file(args: argparse.Namespace) -> int:
     from branch_settlement.projections.store import RocksStore
     from branch_settlement.schemas.codec import default_codec
 
-    if not os.path.isfile(args.file):
-        raise SettlementError(f"no such file: {args.file}")
     codec = default_codec()
-    if export_format.is_export(args.file):
+    if export_format.is_export(path):
         # partitions folded side by side (one process per core); each sends back its part of the output
         if args.json:
-            parts = partitioned.replay_export(args.file, codec, lambda p, result, store:
+            parts = partitioned.replay_export(path, codec, lambda p, result, store:
                                               partitioned.partition_document(p, result, store, codec), args.jobs)
             sys.stdout.write(json.dumps(partitioned.merge_documents(parts), indent=2, ensure_ascii=False) + "\n")
         else:
-            parts = partitioned.replay_export(args.file, codec, lambda p, result, store:
+            parts = partitioned.replay_export(path, codec, lambda p, result, store:
                                               _summary(p, result, store, codec), args.jobs)
             sys.stdout.write("".join(parts.values()))
         return EXIT_AGREES
@@ -144,14 +150,14 @@ def _replay_file(args: argparse.Namespace) -> int:
         store = RocksStore(args.store)
         try:
             # a large file is decoded by a second process while this one folds
-            result, store = rp.replay(rp.read_events_aside(args.file, codec), store, codec=codec,
+            result, store = rp.replay(rp.read_events_aside(path, codec), store, codec=codec,
                                       checkpoint_events=args.checkpoint_events)
             ledger = rp.ledger_snapshot(store, codec)
         finally:
             store.close()
     else:
         # one ledger, folded in parent shards side by side (one process per core): the same bytes out
-        result, ledger = sharded.replay_file(args.file, codec, args.jobs, args.checkpoint_events)
+        result, ledger = sharded.replay_file(path, codec, args.jobs, args.checkpoint_events)
     if args.json:
         sys.stdout.write(json.dumps(rp.document(result, ledger), indent=2, ensure_ascii=False) + "\n")
     else:

@@ -118,6 +118,15 @@ def test_rocksdb_replay_keeps_the_ledger(worked_example: Path, tmp_path: Path) -
     reopened.close()
 
 
+def test_replay_reads_standard_input_as_a_file(worked_example: Path) -> None:
+    command = [sys.executable, "-m", "branch_settlement.processors.cli.main", "replay", "--json"]
+    from_file = subprocess.run([*command, str(worked_example)], capture_output=True, text=True)
+    with open(worked_example, "rb") as stdin:
+        from_stdin = subprocess.run([*command, "-"], stdin=stdin, capture_output=True, text=True)
+    assert from_file.returncode == from_stdin.returncode == 0, from_stdin.stderr
+    assert from_stdin.stdout == from_file.stdout and '"result": "ok"' in from_stdin.stdout
+
+
 def test_cli_errors_are_one_line_not_a_traceback(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "branch_settlement.processors.cli.main", "replay", str(tmp_path / "missing.jsonl")],
                           capture_output=True, text=True)
