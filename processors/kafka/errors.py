@@ -142,3 +142,42 @@ class RecordTooLarge(KafkaFailure):
     limits"), so a setting below them was chosen. Raised into the processor's log when its partition stops:
     the checkpoint was aborted, nothing of it committed, the other partitions go on. Operator: raise the
     setting the message names to at least the record's size, then restart."""
+
+
+class HandlerFailed(SettlementError):
+    """A downstream service's handler raised on a record (or a batch) handed over by `SettlementConsumer`
+    (processors/kafka/consumers.py); the handler's exception is the cause, `records` what it was given.
+    Raised by the consumer's poll and run after committing what was handled before it and nothing from it on,
+    with the consumer rewound there: the record comes again, to the next poll or after a restart. Caller:
+    fix the cause and restart; with a SeenKeys store whatever was applied already is skipped."""
+
+    def __init__(self, message: str, records: list | None = None) -> None:
+        super().__init__(message)
+        self.records = list(records or [])
+
+
+class UndecodableOutput(SettlementError):
+    """A record on an output topic that this client cannot read as a CapacityReleased, ParentSettled or
+    SettlementResult: written with a schema newer than the client's, corrupt, or of another kind (an
+    AuditRecord, a DeadLetter, an event). `source` names its topic, partition and offset. Raised by
+    `decode_output` and by `SettlementConsumer`, which commits nothing past it (unless it was given an
+    on_undecodable callback). Operator: upgrade the client to the processor's schemas, or subscribe only to
+    capacity-releases and settlement-results."""
+
+    def __init__(self, message: str, source=None) -> None:
+        super().__init__(message)
+        self.source = source
+
+
+class ResultTimeout(SettlementError, TimeoutError):
+    """No result came in time for an event that was published and acknowledged. Raised by
+    `ResultWaiter.wait` and `BranchEventProducer.publish_and_wait`; `pending` lists the events still without
+    a result, `results` those found. The event may still be settled later: the processor may be stopped,
+    behind, or its partition stopped. Caller: wait again, look the result up (read_outputs), or publish the
+    event again: the same idempotency key is answered `duplicate` if it was applied. Operator: check that
+    `settle run` runs and its lag (settle_consumer_lag_records)."""
+
+    def __init__(self, message: str, pending: list | None = None, results: list | None = None) -> None:
+        super().__init__(message)
+        self.pending = list(pending or [])
+        self.results = list(results or [])
