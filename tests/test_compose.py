@@ -102,3 +102,83 @@ def test_the_image_copies_every_folder_the_package_is_built_from() -> None:
     for folder in package_dirs.values():
         assert f"COPY {folder} ./{folder}" in DOCKERFILE, folder
         assert f"!{folder}/" in ignore, folder
+
+
+# -- the processor's slot, metrics and health check ------------------------------------------------------------
+
+
+def test_processor_has_a_stable_worker_slot():
+    """The slot makes the transactional.id: the container's host name changes with every re-creation, and a
+    new id cannot fence the old one's producer (its open transaction then blocks the partitions until it
+    times out)."""
+    env = environment("processor")
+    assert env.get("SETTLE_WORKER_SLOT"), "the processor needs a fixed SETTLE_WORKER_SLOT"
+    assert "$" not in str(SERVICES["processor"]["environment"]["SETTLE_WORKER_SLOT"])
+    assert "hostname" not in SERVICES["processor"] and "SETTLE_WORKER_SLOT" not in environment("topics")
+    config = processor_config.load(None, environ=env)
+    assert config.worker_slot == env["SETTLE_WORKER_SLOT"]
+    assert config.transactional_id == f"branch-settlement-{env['SETTLE_WORKER_SLOT']}"
+
+
+def test_processor_serves_its_metrics_on_the_published_port():
+    config = processor_config.load(None, environ=environment("processor"))
+    assert config.metrics_port > 0
+    # Published on the host's loopback only, as the broker is.
+    assert f"127.0.0.1:{config.metrics_port}:{config.metrics_port}" in SERVICES["processor"]["ports"]
+
+
+def _healthcheck(monkeypatch, metrics_text: str | None) -> int:
+    """The exit code of the processor's health check run against a metrics endpoint serving `metrics_text`
+    (None: nothing answers). Run in this process, with the endpoint's fetch replaced, so no socket is needed."""
+    import urllib.error
+    import urllib.request
+
+    test = SERVICES["processor"]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"], test
+    fetched = []
+
+    class Response:
+        def read(self) -> bytes:
+            return metrics_text.encode()
+
+    def urlopen(url, timeout):
+        fetched.append(url)
+        if metrics_text is None:
+            raise urllib.error.URLError("connection refused")
+        return Response()
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    monkeypatch.setenv("SETTLE_METRICS_PORT", environment("processor")["SETTLE_METRICS_PORT"])
+    try:
+        exec(compile(test[3], "healthcheck", "exec"), {})
+    except SystemExit as done:
+        code = done.code
+    except Exception:  # what `python -c` exits 1 for
+        code = 1
+    else:
+        code = 0
+    if metrics_text is not None:
+        assert fetched == [f"http://127.0.0.1:{environment('processor')['SETTLE_METRICS_PORT']}/metrics"]
+    return code
+
+
+def test_the_health_check_reads_the_processors_own_metrics(monkeypatch):
+    import time
+
+    from prometheus_client import generate_latest
+
+    from branch_settlement.processors.kafka.metrics import Metrics
+
+    def served(owned: int, last_commit: float) -> str:
+        metrics = Metrics()
+        metrics.owned_partitions.set(owned)
+        metrics.last_commit.set(last_commit)
+        return generate_latest(metrics.registry).decode()
+
+    assert _healthcheck(monkeypatch, served(0, 0)) == 0  # starting, restoring, or a member without partitions
+    assert _healthcheck(monkeypatch, served(4, time.time() - 2)) == 0
+    assert _healthcheck(monkeypatch, served(4, time.time() - 600)) == 1  # owns partitions, commits nothing
+    assert _healthcheck(monkeypatch, None) != 0  # the endpoint does not answer
+    hc = SERVICES["processor"]["healthcheck"]
+    assert "$" not in hc["test"][3]  # Compose would interpolate it
+    assert hc["start_period"] and hc["interval"] and hc["retries"] >= 1
