@@ -31,7 +31,8 @@ from branch_settlement.processors.kafka.metrics import Metrics
 from branch_settlement.processors.kafka.partition import PartitionTask
 from branch_settlement.processors.kafka.processor_clients import call_timeout_s, new_consumer, new_producer
 from branch_settlement.processors.kafka.recovery import recover
-from branch_settlement.processors.kafka.reporting import EventCounters, record_checkpoint, record_commit, update_gauges
+from branch_settlement.processors.kafka.reporting import (EventCounters, record_checkpoint, record_commit,
+                                                          track_partitions, update_gauges, with_client_statistics)
 from branch_settlement.processors.kafka.stability import StabilityWatch, stall_threshold_s
 from branch_settlement.processors.kafka.ticks import schedule_ticks
 from branch_settlement.projections import view
@@ -59,6 +60,8 @@ class Processor:
         view.set_cache_budget(config.view_cache_mb * 1024 * 1024)
         self.codec = codec or default_codec()
         self.metrics = metrics or Metrics()
+        # librdkafka's statistics (lag, queues, broker round trips) into the metrics
+        self.config = config = with_client_statistics(config, self.metrics, topics["branch-events"])
         self.clock = clock
         self.tasks: dict[int, PartitionTask] = {}
         self.input_partitions: int | None = None  # the input topic's partition count, from its metadata
@@ -101,6 +104,7 @@ class Processor:
         read_committed), then each projection restored from the changelog until it covers them."""
         load_tasks(self.tasks, self._committed(consumer, partitions), self.config, self.topics, self.codec,
                    self.metrics, self._partition_count(consumer))
+        track_partitions(self.metrics, self.tasks.values())
 
     def _partition_count(self, consumer: Consumer) -> int:
         """The input topic's partition count: an event is folded only in its parent's partition of that many

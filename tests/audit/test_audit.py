@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import struct
-import subprocess
 import zlib
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from branch_settlement.processors.replay.replayer import Input, ledger_snapshot,
 from branch_settlement.processors.workload import write_jsonl
 from branch_settlement.projections import model
 from branch_settlement.schemas.codec import default_codec
+from tests.debian import debian_binary, run
 
 pytestmark = pytest.mark.unit
 
@@ -302,25 +301,10 @@ def test_cli_help_explains(capsys) -> None:
 # -- headless Chromium ------------------------------------------------------------------------------------------
 
 
-def _run(cmd: list[str], timeout_s: int) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-
-
 @pytest.fixture(scope="session")
 def chromium() -> Path:
     """Debian's chromium, installed with apt-get when missing. Fails (never skips) when it cannot be."""
-    if CHROMIUM.exists():
-        return CHROMIUM
-    apt = shutil.which("apt-get")
-    assert apt, f"{CHROMIUM} is missing and there is no apt-get to install Debian's chromium package"
-    prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
-    for cmd in (prefix + [apt, "update"], prefix + [apt, "install", "-y", "--no-install-recommends", "chromium"]):
-        done = _run(cmd, 1800)
-        assert done.returncode == 0, (f"{CHROMIUM} is missing and `{' '.join(cmd)}` failed with exit code "
-                                      f"{done.returncode}:\n{done.stderr[-3000:]}")
-    assert CHROMIUM.exists(), f"apt-get installed chromium but {CHROMIUM} does not exist"
-    return CHROMIUM
+    return debian_binary(CHROMIUM, "chromium")
 
 
 def headless(chromium: Path, profile: Path, *args: str) -> list[str]:
@@ -375,7 +359,7 @@ def test_the_worked_example_report_renders_in_headless_chromium(chromium: Path, 
     page = tmp_path / "audit.html"
     page.write_text(audit.render_html(history, source="worked-example.jsonl"), encoding="utf-8")
     shot = tmp_path / "audit.png"
-    done = _run(headless(chromium, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1280,1600",
+    done = run(headless(chromium, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1280,1600",
                          page.as_uri()), 180)
     assert done.returncode == 0 and shot.is_file(), f"chromium failed ({done.returncode}): {done.stderr[-3000:]}"
     data = shot.read_bytes()
@@ -393,7 +377,7 @@ def test_the_worked_example_report_renders_in_headless_chromium(chromium: Path, 
     ARTIFACT.parent.mkdir(exist_ok=True)
     shutil.copyfile(shot, ARTIFACT)
 
-    dom = _run(headless(chromium, tmp_path / "profile", "--dump-dom", page.as_uri()), 180)
+    dom = run(headless(chromium, tmp_path / "profile", "--dump-dom", page.as_uri()), 180)
     assert dom.returncode == 0, dom.stderr[-3000:]
     chart = re.search(r'<svg class="balance-chart by-event"[^>]*>(.*?)</svg>', dom.stdout, re.S)
     assert chart, "no balance chart in the rendered DOM"

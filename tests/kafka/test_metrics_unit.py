@@ -9,11 +9,8 @@ rules (Debian's prometheus package, installed with apt-get when missing, as test
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -30,6 +27,7 @@ from branch_settlement.schemas.codec import SCHEMA_DIR, default_codec
 from branch_settlement.schemas.partitioning import partition_of
 from tests.ledger.test_reference_model import Stream
 from tests.schemas.test_codec import single_object
+from tests.debian import debian_binary, run
 
 pytestmark = pytest.mark.unit
 
@@ -447,25 +445,9 @@ def test_every_metric_is_documented() -> None:
 # -- promtool -------------------------------------------------------------------------------------------------
 
 
-def _run(cmd: list[str], timeout_s: int, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=cwd)
-
-
 def debian_prometheus(binary: Path) -> Path:
-    """Debian's prometheus package (prometheus, promtool), installed with apt-get when missing. Fails (never
-    skips) when it cannot be."""
-    if binary.exists():
-        return binary
-    apt = shutil.which("apt-get")
-    assert apt, f"{binary} is missing and there is no apt-get to install Debian's prometheus package"
-    prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
-    for cmd in (prefix + [apt, "update"], prefix + [apt, "install", "-y", "--no-install-recommends", "prometheus"]):
-        done = _run(cmd, 1800)
-        assert done.returncode == 0, (f"{binary} is missing and `{' '.join(cmd)}` failed with exit code "
-                                      f"{done.returncode}:\n{done.stderr[-3000:]}")
-    assert binary.exists(), f"apt-get installed prometheus but {binary} does not exist"
-    return binary
+    """Debian's prometheus package (prometheus, promtool), installed with apt-get when missing."""
+    return debian_binary(binary, "prometheus")
 
 
 @pytest.fixture(scope="session")
@@ -474,10 +456,10 @@ def promtool() -> Path:
 
 
 def test_promtool_checks_the_rules_and_the_scrape_config(promtool: Path) -> None:
-    done = _run([str(promtool), "check", "rules", str(ALERTS)], 60)
+    done = run([str(promtool), "check", "rules", str(ALERTS)], 60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"SUCCESS: {len(alert_rules())} rules found" in done.stdout
-    done = _run([str(promtool), "check", "config", str(SCRAPE_CONFIG)], 60)
+    done = run([str(promtool), "check", "config", str(SCRAPE_CONFIG)], 60)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -485,5 +467,5 @@ def test_promtool_unit_tests_every_alert(promtool: Path) -> None:
     tested = {case["alertname"] for test in yaml.safe_load(ALERT_TESTS.read_text())["tests"]
               for case in test.get("alert_rule_test", []) if case["exp_alerts"]}
     assert tested == {rule["alert"] for rule in alert_rules()}, "an alert without a test that fires it"
-    done = _run([str(promtool), "test", "rules", ALERT_TESTS.name], 120, cwd=ALERT_TESTS.parent)
+    done = run([str(promtool), "test", "rules", ALERT_TESTS.name], 120, cwd=ALERT_TESTS.parent)
     assert done.returncode == 0, done.stdout + done.stderr
