@@ -32,7 +32,7 @@ from branch_settlement.processors.kafka.partition import PartitionTask
 from branch_settlement.processors.kafka.processor_clients import call_timeout_s, new_consumer, new_producer
 from branch_settlement.processors.kafka.recovery import recover
 from branch_settlement.processors.kafka.reporting import (EventCounters, record_checkpoint, record_commit,
-                                                          track_partitions, update_gauges, with_client_statistics)
+                                                          track_partitions, update_gauges)
 from branch_settlement.processors.kafka.stability import StabilityWatch, stall_threshold_s
 from branch_settlement.processors.kafka.ticks import schedule_ticks
 from branch_settlement.projections import view
@@ -60,8 +60,9 @@ class Processor:
         view.set_cache_budget(config.view_cache_mb * 1024 * 1024)
         self.codec = codec or default_codec()
         self.metrics = metrics or Metrics()
-        # librdkafka's statistics (lag, queues, broker round trips) into the metrics
-        self.config = config = with_client_statistics(config, self.metrics, topics["branch-events"])
+        # librdkafka's statistics (reporting.with_client_statistics) are not turned on: with stats_cb in the
+        # shared settings, a callback came from a thread confluent-kafka does not expect and the process aborted
+        # (confluent_kafka.c CallState_get: Assertion `cs != NULL' failed, in the fault suite's zombie scenario).
         self.clock = clock
         self.tasks: dict[int, PartitionTask] = {}
         self.input_partitions: int | None = None  # the input topic's partition count, from its metadata
