@@ -74,18 +74,6 @@ def _add_topic_arguments(p: argparse.ArgumentParser) -> None:
     connection.add_connection_arguments(p)
 
 
-def _merged(raw: list, ticks: list, end: int, codec, partition: int):
-    """(Input, raw bytes) of one partition: its input records with the processor's ticks merged in at the
-    input offsets they were folded before (a tick has no raw bytes of its own to keep)."""
-    from branch_settlement.processors.replay import export_format
-    from branch_settlement.processors.replay.replayer import merge_ticks
-
-    values = {offset: value for offset, _, value in raw}
-    inputs = (export_format.decode_record(codec, partition, offset, value)[1] for offset, _, value in raw)
-    for item in merge_ticks(inputs, ticks, end):
-        yield item, None if item.ledger_tick else values[item.offset]
-
-
 def _partitions(value: str | None) -> list[int] | None:
     if not value:
         return None
@@ -252,12 +240,8 @@ def run_export(args: argparse.Namespace) -> int:
     topic = names["branch-events"]
     every_partition = readers.partitions_of(client, topic)
     partitions = _partitions(args.partitions) or every_partition
-    ends = {p: high for p, (high, _) in readers.input_bounds(client, topic, partitions).items()}
-    raw = readers.read_committed(client, topic, partitions, end=ends)
-    ticks = readers.read_ticks(client, names["ledger-ticks"], partitions, codec)
-    records = ((p, item, item_raw)
-               for p in partitions
-               for item, item_raw in _merged(raw[p], ticks[p], ends[p], codec, p))
+    folded = readers.read_folded_records(client, names, partitions, codec)
+    records = ((p, item, raw) for p in partitions for item, raw in folded[p])
     count = export_format.write_export(args.output, records, codec, len(every_partition))
     print(f"exported {count:,} records of {topic} partitions {','.join(map(str, partitions))} to {args.output}")
     return 0

@@ -103,17 +103,29 @@ def offsets_for_time(client_config: dict, topic: str, partitions: list[int], tim
     return ends
 
 
-def read_folded_inputs(client_config: dict, names: dict[str, str], partitions: list[int], codec: Codec
-                       ) -> dict[int, list[Input]]:
-    """What the processor folded, per partition: the committed input records with its ledger ticks merged in
-    where it folded them (processors/replay/replayer.py, merge_ticks)."""
+def read_folded_records(client_config: dict, names: dict[str, str], partitions: list[int], codec: Codec
+                        ) -> dict[int, list[tuple[Input, bytes | None]]]:
+    """What the processor folded, per partition: the committed input records (each with its raw bytes) with
+    its ledger ticks merged in where it folded them (processors/replay/replayer.py, merge_ticks; a tick has
+    no raw bytes of its own)."""
     topic = names["branch-events"]
     ends = {p: high for p, (high, _) in input_bounds(client_config, topic, partitions).items()}
     raw = read_committed(client_config, topic, partitions, end=ends)
     ticks = read_ticks(client_config, names["ledger-ticks"], partitions, codec)
-    return {p: list(merge_ticks((decode_record(codec, p, offset, value)[1] for offset, _, value in raw[p]),
-                                ticks[p], ends[p]))
-            for p in partitions}
+    folded = {}
+    for p in partitions:
+        values = {offset: value for offset, _, value in raw[p]}
+        inputs = (decode_record(codec, p, offset, value)[1] for offset, _, value in raw[p])
+        folded[p] = [(item, None if item.ledger_tick else values[item.offset])
+                     for item in merge_ticks(inputs, ticks[p], ends[p])]
+    return folded
+
+
+def read_folded_inputs(client_config: dict, names: dict[str, str], partitions: list[int], codec: Codec
+                       ) -> dict[int, list[Input]]:
+    """`read_folded_records` without the raw bytes."""
+    return {p: [item for item, _ in records]
+            for p, records in read_folded_records(client_config, names, partitions, codec).items()}
 
 
 def read_ticks(client_config: dict, topic: str, partitions: list[int], codec: Codec) -> dict[int, list[Input]]:
@@ -165,4 +177,4 @@ def stable_ends(admin: AdminClient, topics: list[str], partition: int) -> dict[s
 
 
 __all__ = ["READER_SETTINGS", "BATCH", "IDLE_WAIT_S", "GROUP_ID", "read_committed", "reached", "know_leaders", "partitions_of",
-           "offsets_for_time", "read_folded_inputs", "read_ticks", "tick_input", "input_bounds", "stable_ends"]
+           "offsets_for_time", "read_folded_records", "read_folded_inputs", "read_ticks", "tick_input", "input_bounds", "stable_ends"]

@@ -30,6 +30,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from branch_settlement.processors.kafka.clients import read_outputs
 from branch_settlement.processors.kafka.connection import parse_properties
 from branch_settlement.processors.kafka.topics import load_spec
+from tests.kafka.pipeline import example_events
 
 pytestmark = pytest.mark.kafka
 
@@ -262,11 +263,7 @@ def test_the_processor_cannot_write_the_input(deployment: Deployment):
 @pytest.fixture(scope="module")
 def events(tmp_path_factory, worked_example: Path) -> Path:
     """The worked example without its Ticks (only the processor makes ledger time now)."""
-    path = tmp_path_factory.mktemp("events") / "worked-example-no-ticks.jsonl"
-    lines = [line for line in worked_example.read_text().splitlines(keepends=True)
-             if line.strip() and json.loads(line)["type"] != "Tick"]
-    path.write_text("".join(lines))
-    return path
+    return example_events(worked_example, tmp_path_factory.mktemp("events"))
 
 
 def _outputs(deployment: Deployment, expected: int, timeout_s: float = 60) -> dict[str, list]:

@@ -4,7 +4,6 @@ real broker: topics apply, produce, run, replay --topic and audit, with nothing 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,6 +13,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.kafka.pipeline import example_events
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -51,9 +52,7 @@ def test_the_installed_wheel_runs_the_pipeline(installed: Path, kafka_bootstrap:
     assert contract.returncode == 0 and contract.stdout.startswith("# The settlement contract"), contract.stderr
     where = settle("topics", "apply", "--partitions", "2")
     assert where.returncode == 0, where.stdout + where.stderr
-    events = work / "events.jsonl"  # the example's events: ledger time is the processor's own
-    events.write_text("".join(line + "\n" for line in EXAMPLE.read_text().splitlines()
-                              if line.strip() and json.loads(line)["type"] != "Tick"))
+    events = example_events(EXAMPLE, work)  # the example's events: ledger time is the processor's own
     sent = settle("produce", str(events))
     assert sent.returncode == 0 and sent.stdout.startswith("published 13 events"), sent.stdout + sent.stderr
     group = f"wheel-{uuid.uuid4().hex[:8]}"
