@@ -38,28 +38,47 @@ def add_run(commands) -> None:
                     "once (Kafka transactions with the input offsets). SIGTERM or Ctrl-C drains: the last "
                     "checkpoint is committed before exit.")
     cfg.add_arguments(p)
-    p.set_defaults(run=_run)
+    p.set_defaults(run=_run, before_preflight=DRAIN.install)
+
+
+class Drain:
+    """SIGTERM or SIGINT asks `settle run` to drain. Installed before the preflight (main.py), so that a signal
+    at any point of the start-up (preflight, restore, joining the group) stops the processor cleanly too:
+    nothing is folded after it, and what was folded is committed before exit."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def install(self, _args: argparse.Namespace | None = None) -> None:
+        signal.signal(signal.SIGTERM, self._received)
+        signal.signal(signal.SIGINT, self._received)
+
+    def _received(self, signum, _frame) -> None:
+        self.signal = signum
+        log.info("received %s: draining", signal.Signals(signum).name)
+
+    def requested(self) -> bool:
+        return self.signal is not None
+
+
+DRAIN = Drain()
 
 
 def _run(args: argparse.Namespace) -> int:
     from branch_settlement.processors.kafka.processor import Processor
     from branch_settlement.processors.kafka.ticks import FileClock
 
+    DRAIN.install()  # already, when main() ran the preflight; again for callers of _run itself
     config = cfg.load(args)
     setup_logging(config.log_level)
     names = topic_names(config.topic_prefix, config.topic_spec)
-    stopping = {"signal": None}
-
-    def stop(signum, _frame) -> None:
-        stopping["signal"] = signum
-        log.info("received %s: draining", signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     log.info("settle run: bootstrap %s, group %s, transactional.id %s, state %s", config.bootstrap_servers,
              config.group_id, config.transactional_id, os.path.abspath(config.state_dir))
+    if DRAIN.requested():
+        log.info("stopped before starting: %s received during start-up", signal.Signals(DRAIN.signal).name)
+        return 0
     clock = FileClock(config.clock_file) if config.clock_file else time.time
-    Processor(config, names, clock=clock).run(lambda: stopping["signal"] is not None)
+    Processor(config, names, clock=clock).run(DRAIN.requested)
     log.info("stopped cleanly")
     return 0
 

@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "before_preflight", None) is not None:
+            args.before_preflight(args)
         if getattr(args, "preflight", None) is not None:
             args.preflight(args)
         return args.run(args)

@@ -63,11 +63,12 @@ def export_needs(names: Mapping[str, str]) -> preflight.Needs:
 
 
 def run(args: argparse.Namespace) -> None:
+    from branch_settlement.processors.cli.kafka_commands import DRAIN
     from branch_settlement.processors.kafka import config as cfg
 
     config = cfg.load(args)
     names = _names(config.topic_prefix, config.topic_spec)
-    preflight.check(config.client_config(), processor_needs(names, config.group_id))
+    preflight.check(config.client_config(), processor_needs(names, config.group_id), should_stop=DRAIN.requested)
 
 
 def produce(args: argparse.Namespace) -> None:

@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
@@ -80,9 +80,11 @@ def timeout_s(environ: Mapping[str, str] | None = None) -> float:
         raise KafkaSettingRejected(f"{TIMEOUT_ENV}={value!r}: expected milliseconds") from None
 
 
-def check(client_config: Mapping[str, str], needs: Needs | None = None, timeout: float | None = None) -> None:
+def check(client_config: Mapping[str, str], needs: Needs | None = None, timeout: float | None = None,
+          should_stop: Callable[[], bool] = lambda: False) -> None:
     """Raise the one-line error that says why a command could not work with this config, or return: the
-    brokers answer, trust and are trusted, accept the credentials, and allow every operation of `needs`."""
+    brokers answer, trust and are trusted, accept the credentials, and allow every operation of `needs`.
+    Returns early, unchecked, once `should_stop()` (a drain asked during start-up: the command does not start)."""
     timeout = timeout_s() if timeout is None else timeout
     check_local_files(client_config)
     errors: list[KafkaError] = []
@@ -92,8 +94,8 @@ def check(client_config: Mapping[str, str], needs: Needs | None = None, timeout:
     except KafkaException as exc:
         raise kafka_error(exc, "cannot make a Kafka client", client_config) from None
     deadline = time.monotonic() + timeout
-    _connect(admin, errors, logs.lines, client_config, deadline, timeout)
-    if needs is not None:
+    _connect(admin, errors, logs.lines, client_config, deadline, timeout, should_stop)
+    if needs is not None and not should_stop():
         _check_cluster(admin, needs, client_config, deadline)
         _check_topics(admin, needs, client_config, deadline)
         _check_groups(admin, needs, client_config, deadline)
@@ -127,10 +129,10 @@ class _LogLines(logging.Handler):
 
 
 def _connect(admin: AdminClient, errors: list[KafkaError], logs: list[str], config: Mapping[str, str],
-             deadline: float, timeout: float) -> None:
+             deadline: float, timeout: float, should_stop: Callable[[], bool]) -> None:
     """Metadata from any broker, or the error that explains why none came: an authentication or TLS failure
     at once (retrying cannot mend it), an unreachable cluster at the deadline."""
-    while True:
+    while not should_stop():
         try:
             admin.list_topics(timeout=min(_PROBE_S, max(deadline - time.monotonic(), 0.01)))
             return

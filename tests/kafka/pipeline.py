@@ -38,6 +38,7 @@ class ProcessorProcess:
                 "--commit-interval-ms", "100", *extra_args]
         env = {**os.environ, **(extra_env or {})}
         self.log = open(log_path, "ab")
+        self.log_start = self.log.tell()  # the log may hold earlier runs of the same slot
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
     def signal(self, signum: int) -> None:
@@ -48,11 +49,25 @@ class ProcessorProcess:
         self.proc.wait(30)
 
     def stop(self, timeout_s: float = 60) -> int:
+        """SIGTERM, once `settle run` has its drain handler: a signal while the interpreter is still importing
+        ends it the default way (-15), which is not what these tests are about."""
+        self.wait_started(timeout_s)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(timeout_s)
         self.log.close()
         return code
+
+    def wait_started(self, timeout_s: float) -> None:
+        """Until the processor logged its first line ("settle run: ..."; its drain handler is installed before
+        that), or exited."""
+        deadline = time.monotonic() + timeout_s
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            with open(self.log_path, "rb") as log:
+                log.seek(self.log_start)
+                if b"settle run: " in log.read():
+                    return
+            time.sleep(0.05)
 
     def wait(self, timeout_s: float) -> int:
         return self.proc.wait(timeout_s)
