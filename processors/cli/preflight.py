@@ -46,11 +46,14 @@ def producer_needs(names: Mapping[str, str]) -> preflight.Needs:
     return preflight.Needs(topics={names["branch-events"]: frozenset({"WRITE", "DESCRIBE"})}, role="producer")
 
 
-def audit_replay_needs(names: Mapping[str, str]) -> preflight.Needs:
-    """settle replay --topic: reads the input, the ticks and every output, with the readers' group."""
+def audit_replay_needs(names: Mapping[str, str], group_id: str = "branch-settlement") -> preflight.Needs:
+    """settle replay --topic: reads the input, the ticks and every output, with the readers' group, and the
+    offsets the processors' group (`group_id`) committed, to tell their lag from missing outputs (OffsetFetch:
+    DESCRIBE on that group; it neither joins nor commits)."""
     needed = {names[logical]: frozenset({"READ"})
               for logical in ("branch-events", TICKS_TOPIC, *OUTPUT_TOPICS) if logical in names}
-    return preflight.Needs(topics=needed, groups={AUDIT_READER_GROUP: frozenset({"DESCRIBE"})}, role="auditor")
+    groups = {AUDIT_READER_GROUP: frozenset({"DESCRIBE"}), group_id: frozenset({"DESCRIBE"})}
+    return preflight.Needs(topics=needed, groups=groups, role="auditor")
 
 
 def export_needs(names: Mapping[str, str]) -> preflight.Needs:
@@ -78,7 +81,8 @@ def produce(args: argparse.Namespace) -> None:
 def replay(args: argparse.Namespace) -> None:
     if not getattr(args, "topic", None) or getattr(args, "file", None):
         return  # a file replay asks no broker; a wrong combination is the command's to refuse
-    preflight.check(connection.config_from_args(args), audit_replay_needs(_names(args.topic_prefix, args.topic_spec)))
+    preflight.check(connection.config_from_args(args),
+                    audit_replay_needs(_names(args.topic_prefix, args.topic_spec), args.group_id))
 
 
 def export(args: argparse.Namespace) -> None:

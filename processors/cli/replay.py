@@ -45,7 +45,9 @@ def add_parsers(commands) -> None:
     p.add_argument("--state-dir", help="the processor's state directory: compare the final ledgers with its "
                                        "projections (stop or drain the processor first)")
     p.add_argument("--group-id", default=os.environ.get("SETTLE_GROUP_ID", "branch-settlement"),
-                   help="the processor's consumer group (default %(default)s)")
+                   help="the processors' consumer group (env SETTLE_GROUP_ID; default %(default)s): an output "
+                        "expected for an input at or beyond its committed offsets is reported as not yet "
+                        "processed (their lag, exit code unchanged), not as missing")
     p.add_argument("--jobs", type=int, metavar="N",
                    help="processes replaying side by side (default: one per core; 1: all in this process): the "
                         "partitions of --topic and of export files (at most one process per partition), the "
@@ -153,11 +155,13 @@ def _replay_path(args: argparse.Namespace, path: str) -> int:
     return EXIT_AGREES
 
 
-def _print_partitioned(folded: dict, codec, as_json: bool) -> None:
+def _print_partitioned(folded: dict, codec, as_json: bool, crosscheck: dict | None = None) -> None:
     from branch_settlement.processors.replay import partitioned
 
     if as_json:
         doc = partitioned.merged_document(folded, codec)
+        if crosscheck is not None:
+            doc["crosscheck"] = crosscheck
         sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
         return
     for partition, (result, store) in folded.items():
@@ -209,16 +213,21 @@ def _replay_topic(args: argparse.Namespace) -> int:
             high = readers.offsets_for_time(client, names["branch-events"], partitions, _time_ms(args.to_time))[partitions[0]] - 1
     live = live_projections(args.state_dir, args.group_id) if args.state_dir else None
     report = topic_replay.audit_replay(client, names, codec, partitions=partitions, offset_range=(low, high),
-                             live_ledgers=live, jobs=args.jobs, keep_folded=args.json)
+                                       live_ledgers=live, jobs=args.jobs, keep_folded=args.json,
+                                       group_id=args.group_id)
     if args.json:
-        _print_partitioned(report.folded, codec, True)
+        _print_partitioned(report.folded, codec, True, crosscheck=report.as_json())
     rate = report.events / report.seconds if report.seconds else 0
     out = sys.stderr if args.json else sys.stdout
     out.write(f"replayed {report.events:,} input records of {names['branch-events']} partitions "
               f"{','.join(map(str, report.partitions))} in {report.seconds:.2f} s ({rate:,.0f}/s); compared "
               f"{report.compared:,} outputs" + (" and the live ledgers" if live else "") + "\n")
+    lagging = report.inputs_not_yet_processed or report.not_yet_processed
+    if lagging:
+        _print_lag(report, out)
     if report.agrees:
-        out.write("AGREES: every output and ledger matches the replay\n")
+        out.write("AGREES: every output the processors committed matches the replay\n" if lagging else
+                  "AGREES: every output and ledger matches the replay\n")
         return EXIT_AGREES
     out.write(f"DIVERGES: {len(report.divergences)} divergences\n")
     for divergence in report.divergences[:MAX_DIVERGENCES_SHOWN]:
@@ -226,6 +235,18 @@ def _replay_topic(args: argparse.Namespace) -> int:
     if len(report.divergences) > MAX_DIVERGENCES_SHOWN:
         out.write(f"... and {len(report.divergences) - MAX_DIVERGENCES_SHOWN} more\n")
     return EXIT_DIVERGES
+
+
+def _print_lag(report, out) -> None:
+    """The processors' lag: inputs beyond their group's committed offsets, whose outputs are not yet due."""
+    from branch_settlement.processors.cli.tables import table
+
+    out.write(f"NOT YET PROCESSED: {report.inputs_not_yet_processed:,} input records beyond the committed offsets "
+              f"of group {report.group_id}; {len(report.not_yet_processed):,} outputs the replay expects for them "
+              "not published yet (the processors' lag, not a divergence)\n")
+    rows = [(str(p), f"{lag.committed:,}", f"{lag.input_end:,}", f"{lag.inputs:,}")
+            for p, lag in sorted(report.lag.items()) if lag.inputs]
+    out.write("\n".join(table(("partition", "committed", "input end", "not yet processed"), rows)) + "\n")
 
 
 def run_export(args: argparse.Namespace) -> int:

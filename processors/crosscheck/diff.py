@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 from branch_settlement.processors.ledger.outputs import OUTPUT_ROUTES
-from branch_settlement.processors.crosscheck.report import Divergence, PartitionOutcome, Report
+from branch_settlement.processors.crosscheck.report import NOT_YET_PROCESSED, Divergence, PartitionOutcome, Report
 from branch_settlement.processors.replay.replayer import ReplayResult, child_entry, ledger_snapshot, parent_entry
 from branch_settlement.projections import keys
 from branch_settlement.projections.store import Store
@@ -38,12 +38,15 @@ def encode_derived(outputs, codec: Codec) -> dict[str, list[bytes]]:
 
 def compare_partition(p: int, derived: dict[str, list[bytes]], dead_letters: list[dict], published: dict,
                       codec: Codec, offset_range: tuple[int, int], names: dict[str, str],
-                      part: PartitionOutcome, snapshot_end: int | None = None) -> None:
+                      part: PartitionOutcome, snapshot_end: int | None = None,
+                      committed: int | None = None) -> None:
     """The derived outputs of one partition (encoded) against the published ones. Published records are
     compared as bytes with the derived ones, in order; only a topic-partition where they differ is decoded and
     matched record by record (`_diff`), which pinpoints each divergence. `snapshot_end`: the input offset the
     replay read up to; a published record for it or beyond that the replay did not derive is the processor's
-    work since (its ticks keep coming at that offset while it waits for input), not an extra."""
+    work since (its ticks keep coming at that offset while it waits for input), not an extra. `committed`: the
+    processors' group's committed offset of the partition; an output missing for an input at or beyond it is
+    not yet processed (`part.not_yet_processed`), not missing."""
     low, high = offset_range
     full = low <= 0 and high >= sys.maxsize
     for topic in DERIVED:
@@ -57,9 +60,10 @@ def compare_partition(p: int, derived: dict[str, list[bytes]], dead_letters: lis
             expected = {key: record for key, (_, record) in _keyed_published(
                 [(None, *codec.decode(value)) for value in mine]).items()}
             decoded = [(offset, *codec.decode(value)) for offset, value in rows]
-            _diff(names[topic], p, expected, _keyed_published(decoded), low, high, report, snapshot_end)
+            _diff(names[topic], p, expected, _keyed_published(decoded), low, high, report, snapshot_end, committed)
         part.compared += report.compared
-        part.divergences[topic] = report.divergences
+        part.divergences[topic] = [d for d in report.divergences if d.problem != NOT_YET_PROCESSED]
+        part.not_yet_processed.extend(d for d in report.divergences if d.problem == NOT_YET_PROCESSED)
     report = Report()
     expected = {("DeadLetter", letter["offset"], 0): {"offset": letter["offset"], "reason": letter["reason"]}
                 for letter in dead_letters}
@@ -67,9 +71,10 @@ def compare_partition(p: int, derived: dict[str, list[bytes]], dead_letters: lis
     for offset, value in published["branch-events-dlq"]:
         letter = codec.decode(value)[1]
         found[("DeadLetter", letter["offset"], 0)] = (offset, {"offset": letter["offset"], "reason": letter["reason"]})
-    _diff(names["branch-events-dlq"], p, expected, found, low, high, report, snapshot_end)
+    _diff(names["branch-events-dlq"], p, expected, found, low, high, report, snapshot_end, committed)
     part.compared += report.compared
-    part.divergences["branch-events-dlq"] = report.divergences
+    part.divergences["branch-events-dlq"] = [d for d in report.divergences if d.problem != NOT_YET_PROCESSED]
+    part.not_yet_processed.extend(d for d in report.divergences if d.problem == NOT_YET_PROCESSED)
 
 
 def same_bytes(derived: list[bytes], rows: list[tuple[int, bytes]]) -> bool:
@@ -106,7 +111,8 @@ def _keyed_published(rows: list[tuple[int, str, dict]]) -> dict[tuple, tuple[int
 
 
 def _diff(topic: str, partition: int, expected: dict, found: dict, low: int, high: int, report: Report,
-          snapshot_end: int | None = None) -> None:
+          snapshot_end: int | None = None, committed: int | None = None) -> None:
+    lagging = committed if committed is not None else sys.maxsize
     last_replayed = max((key[1] for key in expected), default=-1)
     ahead = snapshot_end if snapshot_end is not None else sys.maxsize
     for key in sorted(set(expected) | set(found), key=lambda k: (k[1], k[0], k[2])):
@@ -114,7 +120,8 @@ def _diff(topic: str, partition: int, expected: dict, found: dict, low: int, hig
         if not low <= input_offset <= high:
             continue
         if key not in found:
-            report.divergences.append(Divergence(topic, partition, None, input_offset, "missing", expected[key], None))
+            problem = NOT_YET_PROCESSED if input_offset >= lagging else "missing"
+            report.divergences.append(Divergence(topic, partition, None, input_offset, problem, expected[key], None))
         elif key not in expected:
             if input_offset > last_replayed and key[0] != "DeadLetter" or input_offset >= ahead:
                 continue  # the processor is ahead of the replay's snapshot of the input

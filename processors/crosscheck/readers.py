@@ -6,11 +6,13 @@ from __future__ import annotations
 import sys
 from typing import Iterable
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (Consumer, ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException,
+                             TopicPartition)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from branch_settlement.processors.kafka.clients import positions_reached
 from branch_settlement.processors.kafka.errors import KafkaFailure
+from branch_settlement.processors.kafka.preflight import kafka_error
 from branch_settlement.processors.kafka.ticks import anchor_of
 from branch_settlement.processors.replay.export_format import decode_record
 from branch_settlement.processors.replay.replayer import Input, merge_ticks
@@ -166,6 +168,27 @@ def input_bounds(client_config: dict, topic: str, partitions: list[int]) -> dict
         consumer.close()
 
 
+def committed_offsets(client_config: dict, group_id: str, topic: str, partitions: list[int]) -> dict[int, int]:
+    """Where the consumer group `group_id` (the processors') has committed each partition of `topic`: the
+    next offset it will fold, every input before it folded and its outputs committed with it (the processor
+    commits its offsets in the transaction of its outputs); 0 where it committed nothing. An admin request
+    (OffsetFetch: DESCRIBE on the group and the topic), which neither joins the group nor changes it."""
+    admin = AdminClient(client_config)
+    request = [ConsumerGroupTopicPartitions(group_id, [TopicPartition(topic, p) for p in partitions])]
+    try:
+        found = admin.list_consumer_group_offsets(request, request_timeout=10)[group_id].result()
+    except KafkaException as exc:
+        raise kafka_error(exc, f"the offsets group {group_id} committed on {topic}", client_config) from None
+    committed = {p: 0 for p in partitions}
+    for tp in found.topic_partitions or ():
+        if tp.error is not None:
+            raise KafkaFailure(f"the offset group {group_id} committed on {topic}[{tp.partition}]: {tp.error.str()}",
+                               code=tp.error.name())
+        if tp.partition in committed and tp.offset >= 0:
+            committed[tp.partition] = tp.offset
+    return committed
+
+
 def stable_ends(admin: AdminClient, topics: list[str], partition: int) -> dict[str, int]:
     """The last stable offset of `partition` of each topic (read_committed), in one request."""
     request = {TopicPartition(topic, partition): OffsetSpec.latest() for topic in topics}
@@ -177,4 +200,4 @@ def stable_ends(admin: AdminClient, topics: list[str], partition: int) -> dict[s
 
 
 __all__ = ["READER_SETTINGS", "BATCH", "IDLE_WAIT_S", "GROUP_ID", "read_committed", "reached", "know_leaders", "partitions_of",
-           "offsets_for_time", "read_folded_records", "read_folded_inputs", "read_ticks", "tick_input", "input_bounds", "stable_ends"]
+           "offsets_for_time", "read_folded_records", "read_folded_inputs", "read_ticks", "tick_input", "input_bounds", "committed_offsets", "stable_ends"]

@@ -26,9 +26,9 @@ from branch_settlement.processors.crosscheck.diff import DERIVED, compare_live_l
 from branch_settlement.processors.crosscheck.pool import process_count, run_shares
 from branch_settlement.processors.crosscheck.progress import Progress
 from branch_settlement.processors.crosscheck.readers import (BATCH, GROUP_ID, IDLE_WAIT_S, READER_SETTINGS,
-                                                             input_bounds, know_leaders, partitions_of, read_ticks,
-                                                             stable_ends)
-from branch_settlement.processors.crosscheck.report import Divergence, PartitionOutcome, Report
+                                                             committed_offsets, input_bounds, know_leaders, partitions_of,
+                                                             read_ticks, stable_ends)
+from branch_settlement.processors.crosscheck.report import Divergence, Lag, PartitionOutcome, Report
 from branch_settlement.processors.kafka.errors import KafkaFailure
 from branch_settlement.processors.kafka.ticks import TICKS_TOPIC as TICKS_SECTION
 from branch_settlement.processors.ledger.outputs import DEAD_LETTER_TOPIC, OUTPUT_ROUTES, OUTPUT_TOPICS
@@ -40,7 +40,7 @@ from branch_settlement.schemas.codec import Codec, CodecError, default_codec
 def audit_replay(client_config: dict, names: dict[str, str], codec: Codec, *, partitions: list[int] | None = None,
                  offset_range: tuple[int, int] = (0, sys.maxsize), live_ledgers=None,
                  store_factory: Callable[[], Store] | None = None, progress_stream=None, jobs: int | None = None,
-                 keep_folded: bool = True) -> Report:
+                 keep_folded: bool = True, group_id: str | None = None) -> Report:
     """Re-fold the input topic and compare everything derived with what was committed.
 
     Partitions are independent (each its own ledger and ledger time), so `jobs` processes (default: one per
@@ -49,18 +49,27 @@ def audit_replay(client_config: dict, names: dict[str, str], codec: Codec, *, pa
     `LiveProjections` that each process opens for its own partitions. `keep_folded`: return each
     partition's `ReplayResult` and store in `Report.folded` (for `--json`; other processes send them back).
     The other processes are forked when this process runs a single thread, else spawned (multiprocessing's
-    spawn: a script calling this from another thread needs the usual `if __name__ == "__main__":` guard)."""
+    spawn: a script calling this from another thread needs the usual `if __name__ == "__main__":` guard).
+
+    `group_id`: the processors' consumer group. Its committed offsets are read before any output (so every
+    output of an input below them is already readable); an output the re-fold expects for an input at or
+    beyond them is not yet processed (`Report.not_yet_processed`, with the lag per partition in `Report.lag`),
+    not missing. Without it every expected output must be there."""
     started = time.monotonic()
     topic = names["branch-events"]
     every_partition = partitions_of(client_config, topic)
     partitions = partitions if partitions is not None else every_partition
     bounds = input_bounds(client_config, topic, partitions)
     order = sorted(partitions, key=lambda p: (bounds[p][1] - bounds[p][0], p))  # the largest first
-    report = Report(partitions=partitions)
+    report = Report(partitions=partitions, group_id=group_id)
+    committed = None
+    if group_id is not None:
+        committed = committed_offsets(client_config, group_id, topic, partitions)
+        report.lag = {p: Lag(committed[p], bounds[p][0]) for p in partitions}
     progress = Progress(sum(high - low for high, low in bounds.values()), stream=progress_stream or sys.stderr)
     ends = {p: high for p, (high, _) in bounds.items()}
     job = _Job(client_config, names, order, ends, len(every_partition), offset_range, live_ledgers, keep_folded,
-               store_factory)
+               store_factory, committed)
     processes = process_count(jobs, partitions, codec, store_factory)
     by_partition = run_shares(_replay_share, job, order, processes, progress, codec)
     progress.finish()
@@ -68,6 +77,8 @@ def audit_replay(client_config: dict, names: dict[str, str], codec: Codec, *, pa
     for section in (*DERIVED, DEAD_LETTER_TOPIC, TICKS_SECTION, "ledger"):
         for p in sorted(by_partition):
             report.divergences.extend(by_partition[p].divergences.get(section, ()))
+    for p in sorted(by_partition):
+        report.not_yet_processed.extend(by_partition[p].not_yet_processed)
     report.events = sum(part.events for part in by_partition.values())
     report.compared = sum(part.compared for part in by_partition.values())
     if keep_folded:
@@ -88,6 +99,7 @@ class _Job:
     live: object  # dict[int, dict] | LiveProjections | None
     keep_folded: bool
     store_factory: Callable[[], Store] | None = None
+    committed: dict[int, int] | None = None  # the processors' group's committed offsets, when checked
 
 
 # Partitions a process has assigned at once: while one finishes (its last outputs, the comparison), the
@@ -280,7 +292,7 @@ def _finish(part: _Active, job: _Job, codec: Codec) -> PartitionOutcome:
     done = PartitionOutcome(events=len(result.dead_letters) + result.events)
     published = {t: out.records for t, out in part.outputs.items()}
     compare_partition(p, part.derived, result.dead_letters, published, codec, job.offset_range, job.names, done,
-                      snapshot_end=part.input_end)
+                      snapshot_end=part.input_end, committed=None if job.committed is None else job.committed[p])
     if part.bad_ticks:
         done.divergences[TICKS_SECTION] = part.bad_ticks
     if job.live is not None:

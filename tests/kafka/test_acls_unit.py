@@ -64,6 +64,7 @@ def test_the_auditor_reads_every_topic_and_writes_nothing():
         name: {"READ", "DESCRIBE"} for name in NAMES.values()}
     assert table[("group", AUDIT_GROUP, "literal")] == {"DESCRIBE"}
     assert table[("group", "settle-reader-", "prefixed")] == {"DESCRIBE"}
+    assert table[("group", "grp", "literal")] == {"DESCRIBE"}  # the processors' committed offsets, read only
     assert not [acl for acl in resolved().of_role("auditor") if acl.operation != "DESCRIBE" and acl.kind != "topic"]
     assert {acl.operation for acl in resolved().of_role("auditor")} == {"READ", "DESCRIBE"}
 
@@ -84,7 +85,7 @@ def test_the_restore_consumers_group_is_the_one_granted():
 @pytest.mark.parametrize("role, needs", [
     ("processor", command_needs.processor_needs(NAMES, "grp")),
     ("producer", command_needs.producer_needs(NAMES)),
-    ("auditor", command_needs.audit_replay_needs(NAMES)),
+    ("auditor", command_needs.audit_replay_needs(NAMES, "grp")),
     ("auditor", command_needs.export_needs(NAMES)),
 ])
 def test_each_commands_needs_are_granted_by_its_role(role, needs):
