@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from confluent_kafka.admin import AdminClient
 
 from branch_settlement.errors import ConfigError
 from branch_settlement.processors.kafka import acls, preflight, topics
-from branch_settlement.processors.kafka.connection import add_connection_arguments, config_from_args
+from branch_settlement.processors.cli import arguments
+from branch_settlement.processors.kafka import config as cfg
+from branch_settlement.processors.kafka.connection import config_from_args
 from branch_settlement.processors.kafka.errors import AclSpecError, KafkaFailure
 
 EXIT_OK = 0
@@ -61,9 +62,11 @@ def add_parser(subparsers) -> None:
 
 def _add_arguments(parser: argparse.ArgumentParser, cluster: bool) -> None:
     if cluster:
-        add_connection_arguments(parser)
+        arguments.add_kafka(parser)
         parser.add_argument("--timeout-ms", type=int, default=15_000, metavar="MS",
                             help="how long to wait for each request to the cluster (default: %(default)s)")
+    else:
+        arguments.add_config(parser)
     try:
         defaults = acls.default_principals()
     except AclSpecError:  # the commands say so when run; every other command (and --help) must not depend on it
@@ -72,26 +75,20 @@ def _add_arguments(parser: argparse.ArgumentParser, cluster: bool) -> None:
         parser.add_argument(f"--{role}", metavar="PRINCIPAL", action="append",
                             help=f"the principal of the {role} role, e.g. User:{role}; repeatable "
                                  f"(default: {defaults[role]})")
-    parser.add_argument("--group-id", default=os.environ.get("SETTLE_GROUP_ID", "branch-settlement"),
-                        help="the processor's consumer group (env SETTLE_GROUP_ID; default %(default)s); its "
-                             f"restore consumer uses GROUP{acls.RESTORE_GROUP_SUFFIX}")
-    parser.add_argument("--transactional-id-prefix",
-                        default=os.environ.get("SETTLE_TRANSACTIONAL_ID_PREFIX", "branch-settlement"),
-                        help="the processor's transactional_id_prefix (env SETTLE_TRANSACTIONAL_ID_PREFIX; "
-                             "default %(default)s)")
-    parser.add_argument("--topic-prefix", default=os.environ.get(topics.TOPIC_PREFIX_ENV, ""),
-                        help=f"prefix of every topic name and transactional id (env {topics.TOPIC_PREFIX_ENV})")
-    parser.add_argument("--topic-spec", default=os.environ.get(topics.SPEC_ENV, ""),
-                        help="topic spec (default deploy/topics.json)")
-    parser.add_argument("--spec", metavar="FILE",
+    arguments.add_group(parser, "the processor's consumer group; its restore consumer uses "
+                                f"GROUP{acls.RESTORE_GROUP_SUFFIX}")
+    parser.add_argument("--transactional-id-prefix", metavar="PREFIX", help=cfg.setting_help("transactional_id_prefix"))
+    arguments.add_topic_names(parser)
+    parser.add_argument("--acl-spec", metavar="FILE",
                         help=f"ACL spec (env {acls.SPEC_ENV}; default: deploy/acls.json, installed with the package)")
+    parser.add_argument("--spec", dest="acl_spec", help=argparse.SUPPRESS)  # its old name
     parser.add_argument("--json", action="store_true", help="print the ACLs as JSON")
 
 
 def _resolve(args: argparse.Namespace) -> acls.AclSet:
     spec = topics.load_spec(args.topic_spec or None, prefix=args.topic_prefix)
     principals = {role: getattr(args, role) for role in acls.ROLES if getattr(args, role)}
-    return acls.load(args.spec, spec, principals, group_id=args.group_id,
+    return acls.load(args.acl_spec, spec, principals, group_id=args.group_id,
                      transactional_id_prefix=args.transactional_id_prefix, topic_prefix=args.topic_prefix)
 
 

@@ -71,11 +71,9 @@ def add_parser(commands) -> None:
     p.add_argument("--partition", type=int, default=None, metavar="N",
                    help="the partition the events came from (default: 0 for a plain file; found for a topic or "
                         "an export)")
-    p.add_argument("--topic-prefix", default=os.environ.get("SETTLE_TOPIC_PREFIX", ""),
-                   help="prefix of the topic names (env SETTLE_TOPIC_PREFIX)")
-    from branch_settlement.processors.kafka import connection
+    from branch_settlement.processors.cli import arguments
 
-    connection.add_connection_arguments(p)
+    arguments.add_kafka_command(p)
     p.set_defaults(run=run_audit)
 
 
@@ -124,7 +122,7 @@ def _inputs(args: argparse.Namespace, codec):
 
         if args.topic != "branch-events":
             raise SettlementError("--topic: only the input topic, branch-events, holds a parent's history")
-        names = topic_names(args.topic_prefix)
+        names = topic_names(args.topic_prefix, args.topic_spec)
         topic = names["branch-events"]
         client = connection.config_from_args(args)
         every_partition = readers.partitions_of(client, topic)

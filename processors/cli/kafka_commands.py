@@ -11,6 +11,7 @@ import time
 
 from branch_settlement.errors import SettlementError
 from branch_settlement.processors.kafka import config as cfg
+from branch_settlement.processors.cli import arguments
 from branch_settlement.processors.kafka import connection, topics
 
 log = logging.getLogger("settle")
@@ -95,10 +96,7 @@ def add_produce(commands) -> None:
                     "the processor advances ledger time), are reported with their line number and not sent; "
                     "the exit code is then 1.")
     p.add_argument("file", help="JSON Lines file of events; - for standard input")
-    p.add_argument("--topic-prefix", default=os.environ.get("SETTLE_TOPIC_PREFIX", ""),
-                   help="prefix of the topic names (env SETTLE_TOPIC_PREFIX)")
-    p.add_argument("--topic-spec", default=os.environ.get("SETTLE_TOPIC_SPEC", ""), help="topic spec file")
-    connection.add_connection_arguments(p)
+    arguments.add_kafka_command(p)
     p.set_defaults(run=_produce)
 
 
@@ -146,10 +144,9 @@ def add_inspect(commands) -> None:
         description="Read one parent's ledger from the RocksDB projections under --state-dir (read-only: safe "
                     "while the processor runs; shows what it has committed).")
     p.add_argument("parent_id")
-    p.add_argument("--state-dir", default=os.environ.get("SETTLE_STATE_DIR", ".run/state"),
-                   help="the processor's state directory (env SETTLE_STATE_DIR; default %(default)s)")
-    p.add_argument("--group-id", default=os.environ.get("SETTLE_GROUP_ID", "branch-settlement"),
-                   help="the processor's consumer group (env SETTLE_GROUP_ID; default %(default)s)")
+    arguments.add_config(p)
+    arguments.add_state_dir(p, "the processor's state directory")
+    arguments.add_group(p, "the processor's consumer group")
     p.add_argument("--json", action="store_true", help="print the parent and its children as JSON")
     p.set_defaults(run=_inspect)
 

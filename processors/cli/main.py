@@ -17,6 +17,7 @@ from confluent_kafka import KafkaException
 from branch_settlement.processors.cli import audit
 from branch_settlement.processors.cli import replay as replay_cli
 from branch_settlement.errors import SettlementError
+from branch_settlement.processors.kafka import config as cfg
 
 # One meaning per exit code, for every command: 0 done (a replay agrees, topics and ACLs as specified);
 # 1 done, and the answer is no (a replay diverges, drift, lines refused); 2 could not be done (an error).
@@ -90,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(args, "before_preflight", None) is not None:
             args.before_preflight(args)
+        # every setting of the deployment's config file a command has a flag for: flag < env < file < default
+        cfg.resolve_arguments(args)
         if getattr(args, "preflight", None) is not None:
             args.preflight(args)
         return args.run(args)

@@ -92,7 +92,7 @@ def export(args: argparse.Namespace) -> None:
 def audit(args: argparse.Namespace) -> None:
     if not getattr(args, "topic", None) or getattr(args, "file", None):
         return  # a parent's history from a file asks no broker
-    names = _names(args.topic_prefix, getattr(args, "topic_spec", "") or "")
+    names = _names(args.topic_prefix, args.topic_spec)
     preflight.check(connection.config_from_args(args), export_needs(names))  # the input and its ticks, read
 
 

@@ -9,6 +9,7 @@ import sys
 from datetime import datetime, timezone
 
 from branch_settlement.errors import SettlementError
+from branch_settlement.processors.cli import arguments
 
 EXIT_AGREES = 0
 EXIT_DIVERGES = 1
@@ -42,12 +43,13 @@ def add_parsers(commands) -> None:
                    help="compare only outputs of input offsets <= N")
     p.add_argument("--from-time", metavar="TIME", help="like --from-offset, as a time (ISO 8601 or epoch ms)")
     p.add_argument("--to-time", metavar="TIME", help="like --to-offset, as a time (ISO 8601 or epoch ms)")
-    p.add_argument("--state-dir", help="the processor's state directory: compare the final ledgers with its "
-                                       "projections (stop or drain the processor first)")
-    p.add_argument("--group-id", default=os.environ.get("SETTLE_GROUP_ID", "branch-settlement"),
-                   help="the processors' consumer group (env SETTLE_GROUP_ID; default %(default)s): an output "
-                        "expected for an input at or beyond its committed offsets is reported as not yet "
-                        "processed (their lag, exit code unchanged), not as missing")
+    # not the deployment's state_dir setting: comparing the live ledgers is asked for, never implied by a file
+    p.add_argument("--state-dir", dest="live_state_dir", metavar="DIR",
+                   help="the processor's state directory: compare the final ledgers with its "
+                        "projections (stop or drain the processor first)")
+    arguments.add_group(p, "the processors' consumer group: an output expected for an input at or beyond its "
+                           "committed offsets is reported as not yet processed (their lag, exit code unchanged), "
+                           "not as missing")
     p.add_argument("--jobs", type=int, metavar="N",
                    help="processes replaying side by side (default: one per core; 1: all in this process): the "
                         "partitions of --topic and of export files (at most one process per partition), the "
@@ -67,13 +69,8 @@ def add_parsers(commands) -> None:
 
 
 def _add_topic_arguments(p: argparse.ArgumentParser) -> None:
-    from branch_settlement.processors.kafka import connection
-
     p.add_argument("--partitions", metavar="P[,P...]", help="only these partitions (default: all)")
-    p.add_argument("--topic-prefix", default=os.environ.get("SETTLE_TOPIC_PREFIX", ""),
-                   help="prefix of the topic names (env SETTLE_TOPIC_PREFIX)")
-    p.add_argument("--topic-spec", default=os.environ.get("SETTLE_TOPIC_SPEC", ""), help="topic spec file")
-    connection.add_connection_arguments(p)
+    arguments.add_kafka_command(p)
 
 
 def _partitions(value: str | None) -> list[int] | None:
@@ -211,7 +208,7 @@ def _replay_topic(args: argparse.Namespace) -> int:
             low = readers.offsets_for_time(client, names["branch-events"], partitions, _time_ms(args.from_time))[partitions[0]]
         if args.to_time:
             high = readers.offsets_for_time(client, names["branch-events"], partitions, _time_ms(args.to_time))[partitions[0]] - 1
-    live = live_projections(args.state_dir, args.group_id) if args.state_dir else None
+    live = live_projections(args.live_state_dir, args.group_id) if args.live_state_dir else None
     report = topic_replay.audit_replay(client, names, codec, partitions=partitions, offset_range=(low, high),
                                        live_ledgers=live, jobs=args.jobs, keep_folded=args.json,
                                        group_id=args.group_id)

@@ -9,14 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 
 from confluent_kafka.admin import AdminClient
 
 from branch_settlement.errors import ConfigError
 from branch_settlement.processors.kafka import preflight, topics
-from branch_settlement.processors.kafka.connection import add_connection_arguments, config_from_args
+from branch_settlement.processors.cli import arguments
+from branch_settlement.processors.kafka.connection import config_from_args
 from branch_settlement.processors.kafka.errors import KafkaFailure
 
 EXIT_OK = 0
@@ -53,14 +53,8 @@ def add_parser(subparsers) -> None:
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_connection_arguments(parser)
-    parser.add_argument(
-        "--spec", metavar="FILE",
-        help=f"topic spec (env {topics.SPEC_ENV}; default: deploy/topics.json, installed with the package)")
-    parser.add_argument(
-        "--topic-prefix", metavar="PREFIX",
-        help=f"put PREFIX in front of every topic name, e.g. 'staging.' (env {topics.TOPIC_PREFIX_ENV}; "
-             "default none). The processor must be given the same prefix")
+    arguments.add_kafka_command(parser)
+    parser.add_argument("--spec", dest="topic_spec", help=argparse.SUPPRESS)  # its old name
     parser.add_argument(
         "--partitions", type=int, metavar="N",
         help="partitions of every topic that does not fix its own count (default: the spec's "
@@ -87,7 +81,7 @@ def _run(args: argparse.Namespace, action) -> int:
     where = f"settle topics {args.topics_command}"
     try:
         config = config_from_args(args)
-        spec = topics.load_spec(args.spec, prefix=_prefix(args), partitions=args.partitions,
+        spec = topics.load_spec(args.topic_spec or None, prefix=args.topic_prefix, partitions=args.partitions,
                                 replication_factor=args.replication_factor)
         # Connection, TLS and credentials first, within the timeout: one line that says what is wrong.
         preflight.check(config, timeout=args.timeout_ms / 1000)
@@ -112,12 +106,6 @@ def _run(args: argparse.Namespace, action) -> int:
         _print_reports(reports, full=action is topics.check)
     healthy = {topics.STATUS_OK, topics.STATUS_CREATED}
     return EXIT_OK if all(report.status in healthy for report in reports) else EXIT_DRIFT
-
-
-def _prefix(args: argparse.Namespace) -> str:
-    if args.topic_prefix is not None:
-        return args.topic_prefix
-    return os.environ.get(topics.TOPIC_PREFIX_ENV, "")
 
 
 def _admin(config: dict[str, str]) -> AdminClient:

@@ -112,7 +112,7 @@ def _read(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise AclSpecError(f"no ACL spec at {path}: pass --spec or set {SPEC_ENV}") from None
+        raise AclSpecError(f"no ACL spec at {path}: pass --acl-spec or set {SPEC_ENV}") from None
     except (OSError, ValueError) as err:
         raise AclSpecError(f"cannot read the ACL spec {path}: {err}") from None
 

@@ -1,4 +1,7 @@
-"""The processor's configuration: one frozen object, built once at start-up.
+"""The processor's configuration: one frozen object, built once at start-up; and the one config file format
+of a deployment, which every command reads (`read_file`, `resolve_arguments`): `settle run` all of it, the
+others the settings they have flags for (topic_prefix, topic_spec, group_id, state_dir, bootstrap_servers,
+the [kafka] table, ...), ignoring the rest.
 
 Precedence, lowest first: defaults < config file (TOML, `--config FILE` or SETTLE_CONFIG) < environment
 (SETTLE_<SETTING>, e.g. SETTLE_COMMIT_INTERVAL_MS) < flags (--commit-interval-ms). librdkafka settings pass
@@ -88,7 +91,7 @@ HELP = {
     "bootstrap_servers": "Kafka brokers to bootstrap from",
     "group_id": "consumer group of the processors: one writer per partition within it",
     "topic_prefix": "prefix of every topic name (isolated environments, tests)",
-    "topic_spec": "topic spec file (default: deploy/topics.json)",
+    "topic_spec": "topic spec file",
     "state_dir": "directory of the RocksDB projections, one per input partition",
     "worker_slot": "stable id of this worker slot (host name, pod ordinal); part of transactional.id",
     "transactional_id_prefix": "transactional.id = TOPIC_PREFIX + PREFIX-WORKER_SLOT",
@@ -116,16 +119,32 @@ def env_name(setting: str) -> str:
     return ENV_PREFIX + setting.upper()
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    """--config FILE: the one TOML file of a deployment, read by every command (`read_file`)."""
     parser.add_argument("--config", metavar="FILE",
-                        help=f"TOML config file with these settings and a [kafka] table (env {CONFIG_FILE_ENV})")
+                        help=f"TOML config file of the deployment: these settings (those of `settle run --help`, "
+                             f"as snake_case keys) and a [kafka] table of librdkafka settings (env {CONFIG_FILE_ENV}); "
+                             "below the environment and the flags")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_argument(parser)
     for f in _SETTINGS:
         if f.name == "bootstrap_servers":
             continue  # from add_connection_arguments
-        default = {"worker_slot": "host name", "clock_file": "the system clock"}.get(f.name, f.default)
+        default = {"worker_slot": "host name", "clock_file": "the system clock", "topic_prefix": "none",
+                   "topic_spec": "deploy/topics.json, installed with the package"}.get(f.name, f.default)
         parser.add_argument("--" + f.name.replace("_", "-"), metavar=f.name.split("_")[-1].upper(),
                             help=f"{HELP[f.name]} (env {env_name(f.name)}; default: {default})")
     connection.add_connection_arguments(parser)
+
+
+def setting_help(name: str, text: str | None = None) -> str:
+    """A shared setting's help for a command other than `settle run`: what it is, where else it comes from."""
+    default = {"topic_spec": "deploy/topics.json, installed with the package"}.get(
+        name, {f.name: f.default for f in _SETTINGS}[name])
+    return (f"{text or HELP[name]} (env {env_name(name)}; config file key {name}; "
+            f"default: {default if default != '' else 'none'})")
 
 
 def _convert(name: str, value, kind) -> object:
@@ -135,29 +154,78 @@ def _convert(name: str, value, kind) -> object:
         raise ConfigError(f"{name}: expected an integer, got {value!r}") from None
 
 
+def config_path(args: argparse.Namespace | None, environ: Mapping[str, str]) -> str | None:
+    return getattr(args, "config", None) or environ.get(CONFIG_FILE_ENV) or None
+
+
+def read_file(path: str) -> tuple[dict[str, object], dict[str, str]]:
+    """The settings of a config file and its [kafka] table: the one reader of the format, for every command.
+    An unreadable file, bad TOML or an unknown key is a ConfigError (one line)."""
+    try:
+        with open(path, "rb") as f:
+            document = tomllib.load(f)
+    except OSError as err:
+        raise ConfigError(f"config file {path}: cannot read it: {err.strerror or err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"config file {path}: not valid TOML: {err}") from None
+    kafka = document.pop("kafka", {})
+    if not isinstance(kafka, dict):
+        raise ConfigError(f"config file {path}: kafka must be a table of librdkafka settings ([kafka])")
+    unknown = sorted(set(document) - {f.name for f in _SETTINGS})
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown settings {', '.join(unknown)} (known: "
+                          f"{', '.join(f.name for f in _SETTINGS)} and a [kafka] table)")
+    tables = sorted(k for k, v in document.items() if isinstance(v, dict))
+    if tables:
+        raise ConfigError(f"config file {path}: {', '.join(tables)} must be a value, not a table")
+    for key in kafka:
+        connection.check_setting_name(str(key), source=f"config file {path}, [kafka] {key}")
+    return document, {str(k): _kafka_value(v) for k, v in kafka.items()}
+
+
+def _kafka_value(value) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def file_settings(args: argparse.Namespace | None, environ: Mapping[str, str] | None = None
+                  ) -> tuple[dict[str, object], dict[str, str]]:
+    """The config file's settings and [kafka] table (`--config` or SETTLE_CONFIG), or two empty dicts."""
+    path = config_path(args, os.environ if environ is None else environ)
+    return read_file(path) if path else ({}, {})
+
+
+def resolve_arguments(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """Fill in every setting of the file format that a command has a flag for and was not given: from
+    SETTLE_<SETTING>, else the config file, else the default (defaults < file < environment < flags, as for
+    `settle run`). bootstrap_servers and the librdkafka settings are resolved where the client config is made
+    (connection.config_from_args). The file is read (and an unknown key refused) whenever one is named."""
+    environ = os.environ if environ is None else environ
+    values, _ = file_settings(args, environ)
+    for f in _SETTINGS:
+        if f.name == "bootstrap_servers" or not hasattr(args, f.name) or getattr(args, f.name) is not None:
+            continue
+        if env_name(f.name) in environ:
+            value = environ[env_name(f.name)]
+        elif f.name in values:
+            value = values[f.name]
+        elif f.default is not dataclasses.MISSING:
+            value = f.default
+        else:
+            value = f.default_factory()
+        setattr(args, f.name, _convert(f.name, value, f.type))
+    return args
+
+
 def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None) -> ProcessorConfig:
     environ = os.environ if environ is None else environ
-    values: dict[str, object] = {}
-    kafka: dict[str, str] = {}
-    path = getattr(args, "config", None) or environ.get(CONFIG_FILE_ENV)
-    if path:
-        try:
-            with open(path, "rb") as f:
-                document = tomllib.load(f)
-        except (OSError, tomllib.TOMLDecodeError) as err:
-            raise ConfigError(f"config file {path}: {err}") from None
-        kafka.update({str(k): str(v) for k, v in document.pop("kafka", {}).items()})
-        known = {f.name for f in _SETTINGS}
-        unknown = sorted(set(document) - known)
-        if unknown:
-            raise ConfigError(f"config file {path}: unknown settings {', '.join(unknown)}")
-        values.update(document)
+    values, _ = file_settings(args, environ)
     for f in _SETTINGS:
         if env_name(f.name) in environ:
             values[f.name] = environ[env_name(f.name)]
         flag = getattr(args, f.name, None) if args is not None else None
         if flag is not None:
             values[f.name] = flag
-    kafka.update(connection.settings_from_args(args, environ))  # settings files < SETTLE_KAFKA_* < --kafka-config
+    # the file's [kafka] table < settings files < SETTLE_KAFKA_* < --kafka-config
+    kafka = connection.settings_from_args(args, environ)
     typed = {f.name: _convert(f.name, values[f.name], f.type) for f in _SETTINGS if f.name in values}
     return ProcessorConfig(kafka=kafka, **typed).validate()

@@ -48,10 +48,10 @@ def settings_from_env(environ: Mapping[str, str]) -> dict[str, str]:
             continue
         if name.endswith(FILE_SUFFIX) and len(name) > len(SETTING_ENV_PREFIX) + len(FILE_SUFFIX):
             key = name[len(SETTING_ENV_PREFIX):-len(FILE_SUFFIX)].lower().replace("_", ".")
-            from_files[_checked_key(key, source=name)] = _read_secret(value, source=name)
+            from_files[check_setting_name(key, source=name)] = _read_secret(value, source=name)
         else:
             key = name[len(SETTING_ENV_PREFIX):].lower().replace("_", ".")
-            settings[_checked_key(key, source=name)] = value
+            settings[check_setting_name(key, source=name)] = value
     return {**from_files, **settings}
 
 
@@ -84,7 +84,7 @@ def parse_settings(pairs: Iterable[str]) -> dict[str, str]:
             raise ConfigError(f"--kafka-config {key}=...: a secret on the command line can be read by every user "
                               f"of this machine (ps, shell history); put it in {env}, in a file named by "
                               f"{env}{FILE_SUFFIX}, or in a --kafka-config-file")
-        settings[_checked_key(key, source=f"--kafka-config {pair!r}")] = value
+        settings[check_setting_name(key, source=f"--kafka-config {pair!r}")] = value
     return settings
 
 
@@ -99,7 +99,7 @@ def parse_properties(text: str, source: str) -> dict[str, str]:
         key, sep, value = line.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"{source}, line {number}: expected key=value, e.g. security.protocol=SASL_SSL")
-        settings[_checked_key(key.strip(), source=f"{source}, line {number}")] = value.lstrip()
+        settings[check_setting_name(key.strip(), source=f"{source}, line {number}")] = value.lstrip()
     return settings
 
 
@@ -117,17 +117,22 @@ def settings_from_files(paths: Iterable[str]) -> dict[str, str]:
 
 
 def settings_from_args(args: argparse.Namespace | None, environ: Mapping[str, str]) -> dict[str, str]:
-    """Every librdkafka setting of the `add_connection_arguments` flags and the environment, in precedence
-    order: settings files (SETTLE_KAFKA_CONFIG_FILE, then --kafka-config-file) < SETTLE_KAFKA_* < --kafka-config."""
+    """Every librdkafka setting of the config file, the `add_connection_arguments` flags and the environment, in
+    precedence order: the config file's [kafka] table (--config, SETTLE_CONFIG: processors/kafka/config.py) <
+    settings files (SETTLE_KAFKA_CONFIG_FILE, then --kafka-config-file) < SETTLE_KAFKA_* < --kafka-config."""
+    from branch_settlement.processors.kafka import config  # it builds on this module
+
+    settings = dict(config.file_settings(args, environ)[1])
     files = [environ[CONFIG_FILE_ENV]] if environ.get(CONFIG_FILE_ENV) else []
     files += list(getattr(args, "kafka_config_file", None) or [])
-    settings = settings_from_files(files)
+    settings.update(settings_from_files(files))
     settings.update(settings_from_env(environ))
     settings.update(parse_settings(getattr(args, "kafka_config", None) or []))
     return settings
 
 
-def _checked_key(key: str, source: str) -> str:
+def check_setting_name(key: str, source: str) -> str:
+    """`key` itself, unless it names the cluster (only --bootstrap-servers and its environment do)."""
     if key in _RESERVED_SETTINGS:
         raise ConfigError(f"{source}: set the cluster with --bootstrap-servers or {BOOTSTRAP_SERVERS_ENV}")
     return key
@@ -139,16 +144,17 @@ def client_config(bootstrap_servers: str, settings: Mapping[str, str] | None = N
         raise ConfigError(f"no bootstrap servers: pass --bootstrap-servers or set {BOOTSTRAP_SERVERS_ENV}")
     config = dict(settings or {})
     for key in config:
-        _checked_key(key, source=f"setting {key!r}")
+        check_setting_name(key, source=f"setting {key!r}")
     config["bootstrap.servers"] = bootstrap_servers
     return config
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    """--bootstrap-servers and --kafka-config, for every command that talks to Kafka."""
+    """--bootstrap-servers and --kafka-config, for every command that talks to Kafka (with --config FILE:
+    processors/cli/arguments.py)."""
     parser.add_argument(
         "--bootstrap-servers", metavar="HOST:PORT[,...]",
-        help=f"Kafka brokers to bootstrap from (env {BOOTSTRAP_SERVERS_ENV}; "
+        help=f"Kafka brokers to bootstrap from (env {BOOTSTRAP_SERVERS_ENV}; config file key bootstrap_servers; "
              f"default {DEFAULT_BOOTSTRAP_SERVERS}, the broker of `make kafka-up`)")
     parser.add_argument(
         "--kafka-config", metavar="KEY=VALUE", action="append", default=[],
@@ -179,7 +185,10 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
     librdkafka settings, and `logger`, which sends librdkafka's own log lines to the `settle.librdkafka` logger
     (silent unless configured) instead of stderr: a command's one-line error says what went wrong, and a
     command that succeeds prints no client noise (a consumer closed during its coordinator's TLS handshake)."""
+    from branch_settlement.processors.kafka import config  # it builds on this module
+
     environ = os.environ if environ is None else environ
-    bootstrap_servers = (args.bootstrap_servers or environ.get(BOOTSTRAP_SERVERS_ENV)
+    bootstrap_servers = (getattr(args, "bootstrap_servers", None) or environ.get(BOOTSTRAP_SERVERS_ENV)
+                         or str(config.file_settings(args, environ)[0].get("bootstrap_servers") or "")
                          or DEFAULT_BOOTSTRAP_SERVERS)
     return {**client_config(bootstrap_servers, settings_from_args(args, environ)), "logger": quiet_logger()}

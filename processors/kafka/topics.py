@@ -85,7 +85,7 @@ def load_spec(path: str | os.PathLike | None = None, prefix: str = "", partition
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise TopicSpecError(f"no topic spec at {path}: pass --spec or set {SPEC_ENV}") from None
+        raise TopicSpecError(f"no topic spec at {path}: pass --topic-spec or set {SPEC_ENV}") from None
     except (OSError, ValueError) as err:
         raise TopicSpecError(f"cannot read the topic spec {path}: {err}") from None
     if partitions is not None and partitions < 1:

@@ -1,0 +1,51 @@
+"""The flags several commands share, defined once: a command adds a group with one line, and a new group
+(e.g. the Schema Registry's) is one function here and one line per command.
+
+Every setting named here is a setting of the deployment's config file (processors/kafka/config.py): its flag
+defaults to None and `settle` fills it in after parsing (main.py, config.resolve_arguments), so that the
+precedence is the same for every command: defaults < config file (--config, SETTLE_CONFIG) < environment
+(SETTLE_<SETTING>) < flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from branch_settlement.processors.kafka import config as cfg
+from branch_settlement.processors.kafka import connection
+
+
+def add_config(parser: argparse.ArgumentParser) -> None:
+    """--config FILE: the deployment's TOML file, the same for every command."""
+    cfg.add_config_argument(parser)
+
+
+def add_kafka(parser: argparse.ArgumentParser) -> None:
+    """A command that talks to Kafka: --config, --bootstrap-servers, --kafka-config, --kafka-config-file."""
+    add_config(parser)
+    connection.add_connection_arguments(parser)
+
+
+def add_topic_names(parser: argparse.ArgumentParser) -> None:
+    """--topic-prefix and --topic-spec: which topics, by the spec's logical names."""
+    parser.add_argument("--topic-prefix", metavar="PREFIX", help=cfg.setting_help("topic_prefix"))
+    parser.add_argument("--topic-spec", metavar="FILE", help=cfg.setting_help("topic_spec"))
+
+
+def add_group(parser: argparse.ArgumentParser, text: str | None = None) -> None:
+    """--group-id: the processors' consumer group."""
+    parser.add_argument("--group-id", metavar="GROUP", help=cfg.setting_help("group_id", text))
+
+
+def add_state_dir(parser: argparse.ArgumentParser, text: str | None = None) -> None:
+    parser.add_argument("--state-dir", metavar="DIR", help=cfg.setting_help("state_dir", text))
+
+
+def add_kafka_command(parser: argparse.ArgumentParser) -> None:
+    """What every command reading or writing the project's topics has: the config file, the connection, the
+    topic names."""
+    add_kafka(parser)
+    add_topic_names(parser)
+
+
+__all__ = ["add_config", "add_kafka", "add_topic_names", "add_group", "add_state_dir", "add_kafka_command"]
