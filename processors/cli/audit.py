@@ -64,7 +64,8 @@ def add_parser(commands) -> None:
     )
     p.add_argument("parent_id", metavar="PARENT_ID", help="the parent reservation to show (exact id)")
     p.add_argument("file", metavar="FILE", nargs="?",
-                   help="events: JSON Lines or an Avro container file (one partition), or a `settle export` file")
+                   help="events: JSON Lines or an Avro container file (one partition), or a `settle export` file; - "
+                        "for standard input")
     p.add_argument("--topic", metavar="NAME", help="read the input topic (branch-events) instead of a file")
     p.add_argument("--html", metavar="OUT.html",
                    help="also write the self-contained HTML report to OUT.html (overwritten if it exists)")
@@ -86,9 +87,15 @@ def run_audit(args: argparse.Namespace) -> int:
         raise SettlementError("--partition must be >= 0")
     if args.html and not Path(args.html).resolve().parent.is_dir():
         raise SettlementError(f"--html {args.html}: no such directory {Path(args.html).resolve().parent}")
+    import contextlib
+
+    from branch_settlement.processors.cli.inputs import STDIN, input_file
+
     codec = default_codec()
-    partition, inputs, source, partitions = _inputs(args, codec)
-    history = parent_history(inputs, args.parent_id, codec, partition, partitions)
+    with input_file(args.file) if args.file else contextlib.nullcontext() as path:
+        name = "standard input" if args.file == STDIN else os.path.basename(args.file or "")
+        partition, inputs, source, partitions = _inputs(args, codec, path, name)
+        history = parent_history(inputs, args.parent_id, codec, partition, partitions)
     color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     sys.stdout.write(render_text(history, color=color))
     if args.html:
@@ -100,21 +107,19 @@ def run_audit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inputs(args: argparse.Namespace, codec):
+def _inputs(args: argparse.Namespace, codec, path: str | None, name: str):
     """(partition, inputs of that partition, source name, the topic's partition count or None) for the
     parent: a plain file is one partition; a topic or an export file holds several, and the parent's events
     are in exactly one of them (with the processor's ticks merged in)."""
     from branch_settlement.processors.replay import export_format
     from branch_settlement.processors.replay.replayer import read_events
 
-    if args.file:
-        if not os.path.isfile(args.file):
-            raise SettlementError(f"no such file: {args.file}")
-        if not export_format.is_export(args.file):
-            return args.partition or 0, read_events(args.file, codec), os.path.basename(args.file), None
-        by_partition = export_format.read_export(args.file, codec)
-        count = export_format.export_partition_count(args.file)
-        source = os.path.basename(args.file)
+    if path is not None:
+        if not export_format.is_export(path):
+            return args.partition or 0, read_events(path, codec), name, None
+        by_partition = export_format.read_export(path, codec)
+        count = export_format.export_partition_count(path)
+        source = name
     else:
         from branch_settlement.processors.kafka import connection
         from branch_settlement.processors.crosscheck import readers
