@@ -53,6 +53,13 @@ HELD_TERMS = tuple(term for term in BALANCE_TERMS if term not in ("capacity", "o
 DESTINATION_PARENT = "parent"
 DESTINATION_POOL = "global_pool"
 
+# Loan states (explicit borrowing): a loan holds its quantities in `lent` while open.
+LOAN_OPEN = "open"
+LOAN_RETURNED = "returned"
+# Audit-record states of a loan (a loan's records name no child: their states tell them apart).
+AUDIT_LOAN_OPEN = "loan_open"
+AUDIT_LOAN_RETURNED = "loan_returned"
+
 # Timer kinds: what a tick passing the deadline does.
 TIMER_CHILD_LEASE = "child_lease"
 TIMER_RECONCILIATION = "reconciliation"
@@ -90,7 +97,43 @@ def new_parent(parent_id: str, capacity: dict, lease_expires_at_ms: int, policy:
         "dimensions": {
             dim: new_balance(spec["kind"], spec["quantity"]) for dim, spec in sorted(capacity.items())
         },
+        "loans": [],
     }
+
+
+def new_loan(loan_id: str, borrower: str, quantities: dict, lent_at_ms: int) -> dict:
+    return {
+        "loan_id": loan_id,
+        "borrower": borrower,
+        "quantities": dict(sorted(quantities.items())),
+        "state": LOAN_OPEN,
+        "revocation_requested": False,
+        "usage": {},
+        "lent_at_ms": lent_at_ms,
+    }
+
+
+def open_loans(parent: dict) -> list[dict]:
+    """The parent's loans not yet returned, oldest first."""
+    return [loan for loan in parent["loans"] if loan["state"] == LOAN_OPEN]
+
+
+def lent_by_loans(parent: dict) -> dict[str, int]:
+    """Per dimension, what the parent's open loans hold: the `lent` term recomputed (the ledger auditor)."""
+    lent = {dim: 0 for dim in parent["dimensions"]}
+    for loan in open_loans(parent):
+        for dim, quantity in loan["quantities"].items():
+            lent[dim] = lent.get(dim, 0) + quantity
+    return lent
+
+
+def loan_usage(parent: dict) -> dict[str, int]:
+    """Per dimension, what borrowers consumed of the parent's returned loans (part of `committed`)."""
+    used: dict[str, int] = {}
+    for loan in parent["loans"]:
+        for dim, quantity in loan["usage"].items():
+            used[dim] = used.get(dim, 0) + quantity
+    return used
 
 
 def new_child(parent_id: str, child_id: str, branch_id: str, attempt_id: str, quantities: dict) -> dict:

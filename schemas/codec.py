@@ -64,8 +64,11 @@ EVENT_TYPES = (
     "SchedulerReleaseConfirmed",
     "ParentClosed",
     "Tick",
+    "LoanRequested",
+    "LoanReturned",
 )
-OUTPUT_TYPES = ("SettlementResult", "CapacityReleased", "ParentSettled", "AuditRecord", "DeadLetter")
+OUTPUT_TYPES = ("SettlementResult", "CapacityReleased", "ParentSettled", "LoanRevocationRequested", "AuditRecord",
+                "DeadLetter")
 # Balance is the shared per-dimension type of outputs and ledger records; it can also be encoded on its own.
 LEDGER_TYPES = ("Balance", "LedgerParent", "LedgerChild", "IdempotencyRecord", "TimerRecord", "PartitionMeta")
 

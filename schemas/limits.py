@@ -26,6 +26,9 @@ MAX_LEASE_GENERATION = 2**31
 # What one parent's and one attempt's records may list.
 MAX_CHILDREN_PER_PARENT = 1024
 MAX_USAGE_REPORTS_PER_ATTEMPT = 1024
+# Loans one parent's record lists (open and returned): with its children and winners at their limits, a parent
+# record of this many loans, each of the longest ids and MAX_DIMENSIONS quantities and usage, still fits 1 MiB.
+MAX_LOANS_PER_PARENT = 16
 # No balance term and no child's consumption may grow beyond this: int64 with headroom.
 MAX_BALANCE = 2**62
 # The part of an undecodable record kept in its dead letter: a larger record is refused for its size, and the

@@ -57,13 +57,13 @@ class Ledger:
 
     def open_parent(self, tokens: int = 100, gpus: int | None = None, max_live: int = 8,
                     lease_ttl_ms: int = 3_600_000, reconciliation_timeout_ms: int = 600_000,
-                    parent_id: str = PARENT) -> str:
+                    parent_id: str = PARENT, lending_limit: dict | None = None) -> str:
         capacity = {"tokens": {"quantity": tokens, "kind": "logical"}}
         if gpus is not None:
             capacity["gpus"] = {"quantity": gpus, "kind": "physical"}
         return self.send("ParentReserved", parent_id=parent_id, capacity=capacity, lease_ttl_ms=lease_ttl_ms,
                          policy={"max_live_children": max_live, "reconciliation_timeout_ms": reconciliation_timeout_ms,
-                                 "lending_limit": {}})
+                                 "lending_limit": lending_limit or {}})
 
     def reserve(self, child: str, tokens: int = 20, gpus: int | None = None, attempt: str | None = None,
                 branch: str | None = None, parent_id: str = PARENT) -> str:
@@ -74,6 +74,28 @@ class Ledger:
     def activate(self, child: str, attempt: str | None = None, generation: int = 1, lease_ttl_ms: int = 60_000) -> str:
         return self.send("ChildActivated", child_id=child, attempt_id=attempt or f"{child}1",
                          lease_generation=generation, lease_ttl_ms=lease_ttl_ms)
+
+    def lend(self, loan_id: str, tokens: int | None = 20, gpus: int | None = None, borrower: str = "batch",
+             parent_id: str = PARENT, **quantities) -> str:
+        """A LoanRequested under the loan's own key (`parent_id/loan/<loan_id>/request`)."""
+        if tokens is not None:
+            quantities["tokens"] = tokens
+        if gpus is not None:
+            quantities["gpus"] = gpus
+        return self.send("LoanRequested", key=f"{parent_id}/loan/{loan_id}/request", parent_id=parent_id,
+                         loan_id=loan_id, borrower=borrower, quantities=quantities)
+
+    def return_loan(self, loan_id: str, parent_id: str = PARENT, **usage) -> str:
+        """A LoanReturned under the loan's own key, with the borrower's total usage per dimension."""
+        return self.send("LoanReturned", key=f"{parent_id}/loan/{loan_id}/return", parent_id=parent_id,
+                         loan_id=loan_id, usage=usage)
+
+    def loan(self, loan_id: str, parent_id: str = PARENT) -> dict | None:
+        return next((loan for loan in self.view.parent(parent_id)["loans"] if loan["loan_id"] == loan_id), None)
+
+    def revoked(self) -> list[str]:
+        """The loan ids asked back so far, in order."""
+        return [r["loan_id"] for r in self.out.revocations]
 
     # -- reading --------------------------------------------------------------------------------------
 

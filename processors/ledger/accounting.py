@@ -188,7 +188,11 @@ def to_reconciliation(ctx: EventContext, view: LedgerView, parent: dict, child: 
 
 def fence_parent(ctx: EventContext, view: LedgerView, parent: dict, reason: str) -> None:
     """The parent closed or expired: its unassigned balance and the remainders of children that were
-    never activated (the fence guarantees they never will be) go to the global pool now."""
+    never activated (the fence guarantees they never will be) go to the global pool now, and every open loan
+    not yet asked back is asked back (`reason`: parent_closed or parent_expired)."""
+    for loan in parent["loans"]:
+        if loan["state"] == model.LOAN_OPEN and not loan["revocation_requested"]:
+            ask_loan_back(ctx, parent, loan, reason)
     for dim, balance in parent["dimensions"].items():
         quantity = balance["available"]
         if quantity:
@@ -205,10 +209,13 @@ def fence_parent(ctx: EventContext, view: LedgerView, parent: dict, reason: str)
 
 def finish_parent_if_done(ctx: EventContext, view: LedgerView, parent: dict) -> None:
     """A closing or expired parent whose children are all settled (none live, none in reconciliation, even
-    one that holds nothing more) and with nothing awaiting confirmation is closed, and its summary
+    one that holds nothing more), with no loan open and with nothing awaiting confirmation is closed, and its summary
     (`ParentSettled`) is emitted."""
     if parent["status"] not in (model.PARENT_CLOSING, model.PARENT_EXPIRED) or parent["open_children"]:
         return
+    for loan in parent["loans"]:
+        if loan["state"] == model.LOAN_OPEN:
+            return
     for balance in parent["dimensions"].values():
         if balance["outstanding"] or balance["pending"] or balance["awaiting_confirmation"]:
             return
@@ -230,4 +237,100 @@ def finish_parent_if_done(ctx: EventContext, view: LedgerView, parent: dict) -> 
             "ledger_time_ms": ctx.now_ms,
         }
     )
+    touch(ctx, view, parent)
+
+
+# -- explicit borrowing -----------------------------------------------------------------------------------
+
+
+def lend(ctx: EventContext, view: LedgerView, parent: dict, loan_id: str, borrower: str,
+         quantities: dict[str, int]) -> None:
+    """A loan: each quantity moves from `available` to `lent`; the loan joins the parent's list (newest last)."""
+    dims = parent["dimensions"]
+    loan = model.new_loan(loan_id, borrower, quantities, ctx.now_ms)
+    parent["loans"].append(loan)
+    for dim, quantity in loan["quantities"].items():
+        dims[dim]["available"] -= quantity
+        dims[dim]["lent"] += quantity
+        ctx.audit(parent["parent_id"], None, "", model.AUDIT_LOAN_OPEN,
+                  f"loan {loan_id} lent to {borrower}", dim, quantity)
+    touch(ctx, view, parent)
+
+
+def ask_loan_back(ctx: EventContext, parent: dict, loan: dict, reason: str, child_id: str = "") -> None:
+    """Emit the loan's one LoanRevocationRequested, with an audit record; the caller touches the parent."""
+    loan["revocation_requested"] = True
+    ctx.revocation(parent, loan, reason, child_id)
+    why = f"child {child_id} needs the capacity" if child_id else reason
+    ctx.audit(parent["parent_id"], None, model.AUDIT_LOAN_OPEN, model.AUDIT_LOAN_OPEN,
+              f"loan {loan['loan_id']} of {loan['borrower']}: revocation requested ({why})")
+
+
+def recall_loans(ctx: EventContext, view: LedgerView, parent: dict, shortfall: dict[str, int],
+                 child_id: str) -> list[str]:
+    """A sibling's reservation is short by `shortfall` (per dimension, beyond `available`) and what is lent
+    covers it: ask back the newest open loans that together cover the shortfall, counting the loans already
+    asked (each loan is asked once), skipping loans that hold nothing of a dimension still short. Returns the
+    ids of the loans asked now."""
+    need = dict(shortfall)
+    open_loans = model.open_loans(parent)
+    for loan in open_loans:
+        if loan["revocation_requested"]:
+            for dim in need:
+                need[dim] -= loan["quantities"].get(dim, 0)
+    asked = []
+    for loan in reversed(open_loans):
+        if all(quantity <= 0 for quantity in need.values()):
+            break
+        if loan["revocation_requested"]:
+            continue
+        held = loan["quantities"]
+        if not any(held.get(dim, 0) > 0 for dim, quantity in need.items() if quantity > 0):
+            continue
+        ask_loan_back(ctx, parent, loan, "sibling_needs_capacity", child_id)
+        asked.append(loan["loan_id"])
+        for dim in need:
+            need[dim] -= held.get(dim, 0)
+    touch(ctx, view, parent)
+    return asked
+
+
+def return_loan(ctx: EventContext, view: LedgerView, parent: dict, loan: dict, usage: dict[str, int]) -> None:
+    """The borrower returns `loan` with its total `usage`: per dimension the usage is committed out of `lent`;
+    beyond the loan it is an overrun (SPEC §6), drawn from `available`, the rest `overdrawn`; what the borrower
+    did not use goes back to `available` while the parent is open, else to the global pool. The borrower's
+    return is itself the confirmation that the capacity is free (no scheduler confirmation for a loan)."""
+    dims = parent["dimensions"]
+    where, target = destination(parent)
+    lent = loan["quantities"]
+    loan_id = loan["loan_id"]
+    parent_id = parent["parent_id"]
+    for dim in sorted(lent.keys() | usage.keys()):
+        quantity, used = lent.get(dim, 0), usage.get(dim, 0)
+        balance = dims[dim]
+        within = min(used, quantity)
+        excess = used - within
+        balance["lent"] -= quantity
+        balance["committed"] += used
+        if used:
+            note = f"loan {loan_id}: usage committed"
+            if excess:
+                drawn = min(excess, balance["available"])
+                balance["available"] -= drawn
+                balance["overdrawn"] += excess - drawn
+                if excess - drawn:
+                    ctx.overdrawn = True
+                    note = (f"loan {loan_id}: overrun of {excess}: {drawn} drawn from available, "
+                            f"{excess - drawn} overdrawn")
+                else:
+                    note = f"loan {loan_id}: overrun of {excess} drawn from available"
+            ctx.audit(parent_id, None, model.AUDIT_LOAN_OPEN, model.AUDIT_LOAN_OPEN, note, dim, used)
+        left = quantity - within
+        if left:
+            balance[target] += left
+            ctx.release(parent, None, dim, left, where, "loan_returned")
+    loan["state"] = model.LOAN_RETURNED
+    loan["usage"] = {dim: used for dim, used in sorted(usage.items()) if used}
+    ctx.audit(parent_id, None, model.AUDIT_LOAN_OPEN, model.AUDIT_LOAN_RETURNED,
+              f"loan {loan_id} returned by {loan['borrower']}")
     touch(ctx, view, parent)

@@ -4,7 +4,10 @@ while its parts are wrong fails at the event that broke it, not many events late
 
 From the children (projections/model.py `held_by_children`, their states and remainders):
     outstanding, pending, awaiting_confirmation; committed = Σ consumed, with what attempts that handed the
-    child to a retry had consumed; lent = 0 (no event lends yet); the live- and open-children counts.
+    child to a retry had consumed, plus what borrowers used of returned loans; the live- and open-children counts.
+From the parent's loans: lent = Σ quantities of the open loans, within the lending limit; a loan asked back
+    at most once (one LoanRevocationRequested per loan, ever) and returned at most once; an open loan of a
+    closing or expired parent asked back; a closed parent with no loan open.
 From the outputs the fold emitted (every one the auditor has seen):
     returned_to_pool = Σ releases to the global pool;
     per child and dimension, conservation: what it held before an event (its remainder where its state holds
@@ -53,26 +56,35 @@ class LedgerAuditor:
         self._watched: set[str] = set()  # parents whose ParentReserved the auditor saw applied
         self._settled: set[str] = set()  # parents whose ParentSettled it saw
         self._release_keys: set[str] = set()
+        self._revoked: set[tuple[str, str]] = set()  # (parent, loan) asked back
+        self._returned: set[tuple[str, str]] = set()  # (parent, loan) whose return was applied
 
     def snapshot(self) -> bytes:
         """What the auditor knows, to `restore` when the fold rewinds to a checkpoint (pickled: a deep copy,
         and a compact one)."""
-        return pickle.dumps((self._children, self._pool, self._watched, self._settled, self._release_keys),
-                            pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps((self._children, self._pool, self._watched, self._settled, self._release_keys,
+                             self._revoked, self._returned), pickle.HIGHEST_PROTOCOL)
 
     def restore(self, snapshot: bytes) -> None:
-        (self._children, self._pool, self._watched, self._settled, self._release_keys) = pickle.loads(snapshot)
+        (self._children, self._pool, self._watched, self._settled, self._release_keys,
+         self._revoked, self._returned) = pickle.loads(snapshot)
 
-    def check(self, view: LedgerView, event: dict, result: dict, out: Outputs, start: tuple[int, int, int, int]
-              ) -> None:
+    def check(self, view: LedgerView, event: dict, result: dict, out: Outputs, start: tuple[int, ...]) -> None:
         """Audit the ledger after `event` (whose result is `result`), given the outputs it appended to `out`
-        from the positions `start` (results, releases, audits, summaries). Raises LedgerAuditFailure."""
+        from the positions `start` (results, releases, audits, summaries and, if given, revocations). Raises
+        LedgerAuditFailure."""
         releases = out.releases[start[1]:]
         audits = out.audits[start[2]:]
         settled = out.settled[start[3]:]
         where = f"after event {event['event_id']} ({event['type']}) at input offset {result['input_offset']}"
         if event["type"] == "ParentReserved" and result["result"] in results.APPLIED:
             self._watched.add(event["parent_id"])
+        if event["type"] == "LoanReturned" and result["result"] in results.APPLIED:
+            key = (event["parent_id"], event["loan_id"])
+            if key in self._returned:
+                raise LedgerAuditFailure(event["parent_id"], "*", f"loan {event['loan_id']!r} returned twice",
+                                         event["event_id"], result["input_offset"])
+            self._returned.add(key)
         touched = {event["parent_id"]} if event["parent_id"] else set()
         touched.update(record["parent_id"] for record in audits)
         touched.update(record["parent_id"] for record in releases)
@@ -90,6 +102,13 @@ class LedgerAuditor:
                 raise LedgerAuditFailure(summary["parent_id"], "*", "ParentSettled emitted twice",
                                          event["event_id"], result["input_offset"])
             self._settled.add(summary["parent_id"])
+        for record in out.revocations[start[4]:] if len(start) > 4 else ():
+            key = (record["parent_id"], record["loan_id"])
+            if key in self._revoked:
+                raise LedgerAuditFailure(record["parent_id"], "*", f"loan {record['loan_id']!r} asked back twice",
+                                         event["event_id"], result["input_offset"])
+            self._revoked.add(key)
+            touched.add(record["parent_id"])
         settled_now = {summary["parent_id"] for summary in settled}
         for parent_id in sorted(touched):
             parent = view.parent(parent_id)
@@ -138,15 +157,43 @@ class LedgerAuditor:
             problems.extend(self._conservation(seen, child, child_releases))
             for dim, quantity in model.consumed_by_all_attempts(child).items():
                 committed[dim] = committed.get(dim, 0) + quantity
+        lent: dict[str, int] = {}
+        if parent["loans"]:
+            for dim, quantity in model.loan_usage(parent).items():
+                committed[dim] = committed.get(dim, 0) + quantity
+            lent = model.lent_by_loans(parent)
+            problems.extend(self._loan_problems(parent, lent))
         derived = model.held_by_children(parent, children)
         for dim, balance in parent["dimensions"].items():
-            expected = dict(derived[dim], committed=committed.get(dim, 0), lent=0)
+            expected = dict(derived[dim], committed=committed.get(dim, 0), lent=lent.get(dim, 0))
             if watched:  # needs the whole history of its releases
                 expected["returned_to_pool"] = self._pool.get((parent_id, dim), 0)
             for term, quantity in expected.items():
                 if balance[term] != quantity:
                     problems.append((dim, f"{term} = {balance[term]}, recomputed {quantity}"))
         problems.extend(self._closing_problems(parent, children, settled_now))
+        return problems
+
+    def _loan_problems(self, parent: dict, lent: dict[str, int]) -> list[tuple[str, str]]:
+        parent_id = parent["parent_id"]
+        problems = []
+        for dim, quantity in lent.items():
+            if quantity > parent["lending_limit"].get(dim, 0):
+                problems.append((dim, f"lent {quantity} exceeds the lending limit "
+                                      f"{parent['lending_limit'].get(dim, 0)}"))
+        ids = [loan["loan_id"] for loan in parent["loans"]]
+        if len(set(ids)) != len(ids):
+            problems.append(("*", f"a loan id is listed twice: {ids}"))
+        for loan in parent["loans"]:
+            asked = (parent_id, loan["loan_id"]) in self._revoked
+            if parent_id in self._watched and asked != loan["revocation_requested"]:
+                problems.append(("*", f"loan {loan['loan_id']!r}: revocation_requested = "
+                                      f"{loan['revocation_requested']}, but {'one' if asked else 'no'} "
+                                      "LoanRevocationRequested was emitted"))
+            if loan["state"] == model.LOAN_OPEN and parent["status"] != model.PARENT_OPEN \
+                    and not loan["revocation_requested"]:
+                problems.append(("*", f"loan {loan['loan_id']!r} is open on a {parent['status']} parent and was "
+                                      "not asked back"))
         return problems
 
     @staticmethod
@@ -183,6 +230,9 @@ class LedgerAuditor:
             open_children = [child["child_id"] for child in children if child["state"] not in model.SETTLED_STATES]
             if open_children:
                 problems.append(("*", f"closed with children not settled: {', '.join(open_children)}"))
+            open_loans = [loan["loan_id"] for loan in model.open_loans(parent)]
+            if open_loans:
+                problems.append(("*", f"closed with loans open: {', '.join(open_loans)}"))
             for dim, balance in parent["dimensions"].items():
                 for term in ("outstanding", "pending", "awaiting_confirmation", "lent", "available"):
                     if balance[term]:
@@ -210,7 +260,7 @@ class AuditedFold(Fold):
         self.auditor = auditor if auditor is not None else LedgerAuditor()
 
     def apply(self, event: dict, offset: int, out: Outputs, ledger_tick: bool = False) -> dict:
-        start = (len(out.results), len(out.releases), len(out.audits), len(out.settled))
+        start = (len(out.results), len(out.releases), len(out.audits), len(out.settled), len(out.revocations))
         result = super().apply(event, offset, out, ledger_tick)
         self.auditor.check(self.view, event, result, out, start)
         return result

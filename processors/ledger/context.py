@@ -84,3 +84,25 @@ class EventContext:
                 "ledger_time_ms": self.now_ms,
             }
         )
+
+    def revocation(self, parent: dict, loan: dict, reason: str, child_id: str = "") -> None:
+        """Ask the borrower of `loan` to return it (explicit borrowing): once per loan, the caller marks it."""
+        event = self.event
+        parent_id = parent["parent_id"]
+        self.out.revocations.append(
+            {
+                "revocation_key": f"{parent_id}/loan/{loan['loan_id']}/revocation",
+                "parent_id": parent_id,
+                "loan_id": loan["loan_id"],
+                "borrower": loan["borrower"],
+                "quantities": dict(loan["quantities"]),
+                "reason": reason,
+                "idempotency_key": event["idempotency_key"],
+                "triggering_event_id": event["event_id"],
+                "triggering_event_type": event["type"],
+                "child_id": child_id,
+                "input_partition": self.partition,
+                "input_offset": self.offset,
+                "ledger_time_ms": self.now_ms,
+            }
+        )

@@ -10,7 +10,8 @@ from branch_settlement.processors.ledger import results
 from branch_settlement.processors.ledger.context import EventContext
 from branch_settlement.projections import model
 from branch_settlement.projections.view import LedgerView
-from branch_settlement.schemas.limits import MAX_BALANCE, MAX_CHILDREN_PER_PARENT, MAX_USAGE_REPORTS_PER_ATTEMPT
+from branch_settlement.schemas.limits import (MAX_BALANCE, MAX_CHILDREN_PER_PARENT, MAX_LOANS_PER_PARENT,
+                                              MAX_USAGE_REPORTS_PER_ATTEMPT)
 
 
 class Reject(Exception):
@@ -212,7 +213,7 @@ def child_reserved(ctx: EventContext, view: LedgerView) -> None:
     short = [f"{dim} {q} > available {dims[dim]['available']}" for dim, q in sorted(quantities.items())
              if q > dims[dim]["available"]]
     if short:
-        raise Reject(results.EXCEEDS_AVAILABLE, "; ".join(short))
+        _short_of_available(ctx, view, parent, quantities, short)
     for dim, quantity in quantities.items():
         dims[dim]["available"] -= quantity
         dims[dim]["outstanding"] += quantity
@@ -222,6 +223,21 @@ def child_reserved(ctx: EventContext, view: LedgerView) -> None:
     parent["open_children"] += 1
     ctx.audit(parent["parent_id"], child, "", model.RESERVED, "child reserved")
     accounting.touch(ctx, view, parent, child)
+
+
+def _short_of_available(ctx: EventContext, view: LedgerView, parent: dict, quantities: dict, short: list[str]) -> None:
+    """A reservation beyond `available`: `exceeds_available`, unless what is lent would cover it; then the newest
+    loans that cover the shortfall are asked back (siblings come first) and it is `awaiting_revocation`."""
+    dims = parent["dimensions"]
+    if parent["loans"] and all(q <= dims[dim]["available"] + dims[dim]["lent"] for dim, q in quantities.items()):
+        shortfall = {dim: q - dims[dim]["available"] for dim, q in sorted(quantities.items())
+                     if q > dims[dim]["available"]}
+        asked = accounting.recall_loans(ctx, view, parent, shortfall, ctx.event["child_id"])
+        recalled = [loan["loan_id"] for loan in model.open_loans(parent) if loan["revocation_requested"]]
+        raise Reject(results.AWAITING_REVOCATION,
+                     f"{'; '.join(short)}: lent capacity covers it; loans asked back now: "
+                     f"{', '.join(asked) or 'none'}; being returned: {', '.join(recalled)}; retry once they are")
+    raise Reject(results.EXCEEDS_AVAILABLE, "; ".join(short))
 
 
 def child_activated(ctx: EventContext, view: LedgerView) -> None:
@@ -452,6 +468,66 @@ def child_skipped(ctx: EventContext, view: LedgerView) -> None:
     accounting.finish_parent_if_done(ctx, view, parent)
 
 
+# -- explicit borrowing ---------------------------------------------------------------------------------
+
+
+def _find_loan(parent: dict, loan_id: str) -> dict | None:
+    for loan in parent["loans"]:
+        if loan["loan_id"] == loan_id:
+            return loan
+    return None
+
+
+def loan_requested(ctx: EventContext, view: LedgerView) -> None:
+    """Checked in this order: the parent (open: a closing, expired or closed parent lends nothing), the loan (new),
+    the dimensions (the parent's), the ledger's limit of loans, the policy (a lending limit for every dimension
+    named, then the limit itself), loans being recalled (siblings come first), then `available`."""
+    event = ctx.event
+    parent = _parent(ctx, view, open_only=True)
+    loan_id = event["loan_id"]
+    if _find_loan(parent, loan_id) is not None:
+        raise Reject(results.INVALID_TRANSITION, f"loan {loan_id!r} of parent {parent['parent_id']!r} already exists")
+    quantities = event["quantities"]
+    _check_dimensions(parent, quantities, "quantities")
+    if len(parent["loans"]) >= MAX_LOANS_PER_PARENT:
+        raise Reject(results.LIMIT_EXCEEDED, f"a parent has at most {MAX_LOANS_PER_PARENT} loans")
+    limits = parent["lending_limit"]
+    not_allowed = [dim for dim in sorted(quantities) if limits.get(dim, 0) <= 0]
+    if not_allowed:
+        raise Reject(results.LENDING_NOT_ALLOWED, f"the parent's policy lends no {', '.join(not_allowed)}")
+    dims = parent["dimensions"]
+    over = [f"{dim}: lent {dims[dim]['lent']} + {q} > lending limit {limits[dim]}"
+            for dim, q in sorted(quantities.items()) if dims[dim]["lent"] + q > limits[dim]]
+    if over:
+        raise Reject(results.EXCEEDS_LENDING_LIMIT, "; ".join(over))
+    recalled = [loan["loan_id"] for loan in model.open_loans(parent) if loan["revocation_requested"]]
+    if recalled:
+        raise Reject(results.AWAITING_REVOCATION, f"siblings come first: loans {', '.join(recalled)} are being "
+                                                  "recalled for them")
+    short = [f"{dim} {q} > available {dims[dim]['available']}" for dim, q in sorted(quantities.items())
+             if q > dims[dim]["available"]]
+    if short:
+        raise Reject(results.EXCEEDS_AVAILABLE, "; ".join(short))
+    accounting.lend(ctx, view, parent, loan_id, event["borrower"], quantities)
+
+
+def loan_returned(ctx: EventContext, view: LedgerView) -> None:
+    """Checked in this order: the parent (known, not closed), the loan (known), the dimensions of the usage, the
+    loan still open, the headroom of the usage."""
+    event = ctx.event
+    parent = _parent(ctx, view)
+    loan = _find_loan(parent, event["loan_id"])
+    if loan is None:
+        raise Reject(results.UNKNOWN_LOAN, f"parent {parent['parent_id']!r} lent no loan {event['loan_id']!r}")
+    usage = event["usage"]
+    _check_dimensions(parent, usage, "usage")
+    if loan["state"] != model.LOAN_OPEN:
+        raise Reject(results.ALREADY_SETTLED, f"loan {loan['loan_id']!r} was already returned")
+    _check_headroom(parent, usage)
+    accounting.return_loan(ctx, view, parent, loan, usage)
+    accounting.finish_parent_if_done(ctx, view, parent)
+
+
 # -- ledger time ----------------------------------------------------------------------------------------
 
 
@@ -511,4 +587,6 @@ HANDLERS = {
     "UsageAdjustment": usage_adjustment,
     "SchedulerReleaseConfirmed": scheduler_release_confirmed,
     "ParentClosed": parent_closed,
+    "LoanRequested": loan_requested,
+    "LoanReturned": loan_returned,
 }

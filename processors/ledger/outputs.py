@@ -10,6 +10,7 @@ OUTPUT_ROUTES = (
     ("results", "settlement-results", "SettlementResult"),
     ("releases", "capacity-releases", "CapacityReleased"),
     ("settled", "capacity-releases", "ParentSettled"),
+    ("revocations", "capacity-releases", "LoanRevocationRequested"),
     ("audits", "settlement-audit", "AuditRecord"),
 )
 DEAD_LETTER_TOPIC = "branch-events-dlq"
@@ -23,6 +24,7 @@ class Outputs:
     releases: list[dict] = field(default_factory=list)
     audits: list[dict] = field(default_factory=list)
     settled: list[dict] = field(default_factory=list)
+    revocations: list[dict] = field(default_factory=list)
     # When a list: a tick appends, before each timer it fires, (the timer, how many releases, audit records
     # and summaries there were), so a fold split by parent can put several shards' expiries back in the order
     # one fold gives them (processors/replay/sharded.py). None: not recorded.
@@ -33,12 +35,14 @@ class Outputs:
         self.releases.clear()
         self.audits.clear()
         self.settled.clear()
+        self.revocations.clear()
 
     def extend(self, other: "Outputs") -> None:
         self.results.extend(other.results)
         self.releases.extend(other.releases)
         self.audits.extend(other.audits)
         self.settled.extend(other.settled)
+        self.revocations.extend(other.revocations)
 
     def count(self) -> int:
-        return len(self.results) + len(self.releases) + len(self.audits) + len(self.settled)
+        return len(self.results) + len(self.releases) + len(self.audits) + len(self.settled) + len(self.revocations)

@@ -29,6 +29,14 @@ MISROUTED = "misrouted"
 # A Tick on the input topic: ledger time comes only from the processor's own ticks (topic ledger-ticks).
 TICK_NOT_ACCEPTED = "tick_not_accepted"
 
+# Explicit borrowing: a loan of a dimension the parent's policy gives no lending limit; a loan that would take
+# what is lent past the limit; a reservation (or a loan) that must wait for lent capacity to come back: the
+# processor asked the borrowers to return it (LoanRevocationRequested); a return of a loan the ledger never lent.
+LENDING_NOT_ALLOWED = "lending_not_allowed"
+EXCEEDS_LENDING_LIMIT = "exceeds_lending_limit"
+AWAITING_REVOCATION = "awaiting_revocation"
+UNKNOWN_LOAN = "unknown_loan"
+
 # Results of applied events: stored under the idempotency key, so a redelivery gets `duplicate`.
 # Rejections change nothing and are not stored: the same key may be retried (e.g. a reservation that
 # exceeded `available` can succeed once siblings have released).
@@ -51,5 +59,9 @@ REJECTIONS = (
     LIMIT_EXCEEDED,
     MISROUTED,
     TICK_NOT_ACCEPTED,
+    LENDING_NOT_ALLOWED,
+    EXCEEDS_LENDING_LIMIT,
+    AWAITING_REVOCATION,
+    UNKNOWN_LOAN,
 )
 ALL = (OK, DUPLICATE, IDEMPOTENCY_CONFLICT, OVERDRAWN) + REJECTIONS

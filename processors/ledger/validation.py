@@ -36,7 +36,10 @@ ID_FIELDS = {
     "SchedulerReleaseConfirmed": ("child_id", "attempt_id", "dimension"),
     "ParentClosed": (),
     "Tick": (),
+    "LoanRequested": ("loan_id", "borrower"),
+    "LoanReturned": ("loan_id",),
 }
+LOAN_EVENTS = {"LoanRequested": "request", "LoanReturned": "return"}
 QUANTITY_FIELDS = ("quantities", "usage")
 TTL_FIELDS = ("lease_ttl_ms",)
 PARENT_OUTCOMES = frozenset({"succeeded", "failed", "cancelled"})
@@ -117,6 +120,8 @@ def _plainly_valid(event: dict) -> bool:
         return event["resolution"] in RESOLUTIONS
     if etype in OUTCOME_EVENTS:
         return _outcome_problem(event) is None
+    if etype in LOAN_EVENTS:
+        return _loan_problem(event) is None
     return True
 
 
@@ -158,6 +163,19 @@ def _problem(event: dict) -> str | None:
         return f"resolution must be one of {sorted(RESOLUTIONS)}"
     if etype in OUTCOME_EVENTS:
         return _outcome_problem(event)
+    if etype in LOAN_EVENTS:
+        return _loan_problem(event)
+    return None
+
+
+def _loan_problem(event: dict) -> str | None:
+    """A loan's events carry the loan's own idempotency keys, so a second request or return of one loan is always
+    a `duplicate` or an `idempotency_conflict`; a loan lends something."""
+    expected = f"{event['parent_id']}/loan/{event['loan_id']}/{LOAN_EVENTS[event['type']]}"
+    if event["idempotency_key"] != expected:
+        return f"idempotency_key must be {expected[:MAX_KEY_BYTES]!r}"
+    if event["type"] == "LoanRequested" and not any(q > 0 for q in event["quantities"].values()):
+        return "quantities must lend more than 0 of at least one dimension"
     return None
 
 

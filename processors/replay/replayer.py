@@ -258,13 +258,20 @@ def ledger_snapshot(store: Store, codec: Codec) -> dict:
 
 
 def parent_entry(parent: dict) -> tuple[str, dict]:
-    """(parent id, what the ledger shows of the parent)."""
-    return parent["parent_id"], {
+    """(parent id, what the ledger shows of the parent). A parent that lent shows its loans too, by loan id in
+    the order lent (one that never lent has no `loans` key: its bytes are those of before borrowing)."""
+    entry = {
         "status": parent["status"],
         "dimensions": {
             dim: {term: balance[term] for term in model.BALANCE_TERMS} for dim, balance in sorted(parent["dimensions"].items())
         },
     }
+    if parent.get("loans"):
+        entry["loans"] = {loan["loan_id"]: {"borrower": loan["borrower"], "quantities": dict(loan["quantities"]),
+                                            "state": loan["state"], "revocation_requested": loan["revocation_requested"],
+                                            "usage": dict(loan["usage"])}
+                          for loan in parent["loans"]}
+    return parent["parent_id"], entry
 
 
 def child_entry(child: dict) -> tuple[str, dict]:

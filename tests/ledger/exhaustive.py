@@ -17,6 +17,15 @@ the same ledger, byte for byte. A start state has the parent reserved at the par
 perhaps a few events more (`STARTS`): from 'running', depth 4 already holds an expiry, a hand-off to the
 retry, its activation and its settlement.
 
+Borrowing has a universe of its own (`lending_alphabet()`, start 'lending'): a parent of 10 tokens (logical) and
+2 GPUs (physical) lending at most 6 tokens and 1 GPU, three loans (one beyond the limit together with the
+others), returns within and beyond the loan and a second return of the same loan under its key with another
+usage, a return of a loan never lent, siblings whose reservations only a revocation can satisfy, a completion, a
+skip, the close and the parent's lease expiry. The main universe sends a loan and its return too, to a parent
+that lends nothing. Beyond the auditor's checks (lent recomputed from the open loans and within the limit, a
+loan asked back once and returned once, a closing parent that closes with no loan open), each
+`awaiting_revocation` is checked to have asked exactly the newest loans needed (`check_revocation`).
+
 `python -m tests.ledger.exhaustive --depth N` (`make verify DEPTH=N`) prints, per start, the depth and the number
 of distinct states explored; a failure prints the sequence that reaches it.
 """
@@ -49,11 +58,57 @@ CODEC = default_codec()
 _BUDGET = CacheBudget(1 << 40)
 
 
-def parent_reserved(tokens: int = 10) -> dict:
+def parent_reserved(tokens: int = 10, lending_limit: dict | None = None) -> dict:
     return {"type": "ParentReserved", "capacity": {"tokens": {"quantity": tokens, "kind": "logical"},
                                                    "gpus": {"quantity": 2, "kind": "physical"}},
             "lease_ttl_ms": PARENT_TTL_MS,
-            "policy": {"max_live_children": 2, "reconciliation_timeout_ms": RECONCILIATION_MS, "lending_limit": {}}}
+            "policy": {"max_live_children": 2, "reconciliation_timeout_ms": RECONCILIATION_MS,
+                       "lending_limit": lending_limit or {}}}
+
+
+LENDING_LIMIT = {"tokens": 6, "gpus": 1}
+
+
+def loan_key(loan_id: str, verb: str) -> str:
+    return f"{PARENT}/loan/{loan_id}/{verb}"
+
+
+def _events(events: dict[str, tuple[str, dict]]) -> dict[str, dict]:
+    return {label: CODEC.event_from_json({"event_id": label, "idempotency_key": key, "parent_id": PARENT,
+                                          "occurred_at_ms": 0, **fields})
+            for label, (key, fields) in events.items()}
+
+
+def lending_alphabet() -> dict[str, dict]:
+    """The borrowing universe's events (label -> event), as `alphabet`: a loan's events carry its own keys, so
+    two labels for one loan's return are one key with two payloads."""
+    events: dict[str, tuple[str, dict]] = {}
+
+    def add(label: str, etype: str, key: str | None = None, **fields) -> None:
+        events[label] = (key or label, {"type": etype, **fields})
+
+    for loan_id, quantities in (("L1", {"tokens": 3}), ("L2", {"tokens": 2, "gpus": 1}), ("L3", {"tokens": 3})):
+        add(f"lend {loan_id}", "LoanRequested", key=loan_key(loan_id, "request"), loan_id=loan_id,
+            borrower=f"w-{loan_id}", quantities=quantities)
+    add("lend L1!", "LoanRequested", key=loan_key("L1", "request"), loan_id="L1", borrower="w-other",
+        quantities={"tokens": 1})
+    add("lend L4 gpus", "LoanRequested", key=loan_key("L4", "request"), loan_id="L4", borrower="w-L4",
+        quantities={"gpus": 1})
+    for loan_id, usage in (("L1", {}), ("L1", {"tokens": 5}), ("L2", {"tokens": 1, "gpus": 1}), ("L3", {"tokens": 1}),
+                           ("L9", {})):
+        label = f"return {loan_id} " + (",".join(f"{d}{q}" for d, q in usage.items()) or "0")
+        add(label, "LoanReturned", key=loan_key(loan_id, "return"), loan_id=loan_id, usage=usage)
+    add("reserve c1", "ChildReserved", child_id="c1", branch_id="b1", attempt_id="a1", quantities={"tokens": 4})
+    add("reserve c2", "ChildReserved", child_id="c2", branch_id="b2", attempt_id="a1",
+        quantities={"tokens": 6, "gpus": 2})
+    add("activate c1", "ChildActivated", child_id="c1", attempt_id="a1", lease_generation=1, lease_ttl_ms=100)
+    add("complete c1", "ChildCompleted", child_id="c1", attempt_id="a1", lease_generation=1, usage={"tokens": 2})
+    add("skip c2", "ChildSkipped", child_id="c2", attempt_id="a1", reason="not needed")
+    add("confirm c2 gpus", "SchedulerReleaseConfirmed", child_id="c2", attempt_id="a1", dimension="gpus")
+    add("close", "ParentClosed", outcome="succeeded")
+    out = _events(events)
+    out["tick 33"] = tick(START_MS + 33)  # past the parent's lease
+    return out
 
 
 def alphabet() -> dict[str, dict]:
@@ -126,10 +181,10 @@ def alphabet() -> dict[str, dict]:
     add("winner a2", "SpeculativeWinner", branch_id=BRANCH, winner_attempt_id="a2")
     add("close", "ParentClosed", outcome="succeeded")
     add("close!", "ParentClosed", key="close", outcome="failed")
-    out = {}
-    for label, (key, fields) in events.items():
-        out[label] = CODEC.event_from_json({"event_id": label, "idempotency_key": key, "parent_id": PARENT,
-                                            "occurred_at_ms": 0, **fields})
+    # This parent lends nothing: a loan is `lending_not_allowed`, its return `unknown_loan`.
+    add("lend L1", "LoanRequested", key=loan_key("L1", "request"), loan_id="L1", borrower="w", quantities={"tokens": 1})
+    add("return L1", "LoanReturned", key=loan_key("L1", "return"), loan_id="L1", usage={})
+    out = _events(events)
     for now_ms in TICKS_MS:
         out[f"tick {now_ms - START_MS}"] = tick(now_ms)
     return out
@@ -172,39 +227,71 @@ def step(node: Node, label: str, event: dict) -> tuple[State, object, bytes]:
     """Apply `event` to the node's ledger: (the new state, the auditor's snapshot, the outputs' bytes)."""
     store, fold = audited_fold(node.state, node.auditor)
     out = Outputs()
-    fold.apply(event, len(node.path), out)
+    prior = fold.view.parent(PARENT) if event["type"] == "ChildReserved" else None
+    prior = CODEC.decode(CODEC.encode("LedgerParent", prior))[1] if prior is not None and prior["loans"] else None
+    result = fold.apply(event, len(node.path), out)
+    if result["result"] == "awaiting_revocation" and prior is not None:
+        check_revocation(prior, event["quantities"], [r["loan_id"] for r in out.revocations])
     store.write(fold.view.changes(), 0)
     encoded = b"".join(CODEC.encode(name, record) for attr, _, name in OUTPUT_ROUTES for record in getattr(out, attr))
     return ledger_state(store), fold.auditor.snapshot(), encoded
 
 
-# Where the exploration starts, after the partition's first tick and the parent's reservation: the prefix of
-# alphabet labels applied first (each must be `ok`). A later start reaches deeper sequences at the same depth.
+def check_revocation(prior: dict, quantities: dict, asked: list[str]) -> None:
+    """A reservation was `awaiting_revocation`: what is lent covered its shortfall, and the loans asked back now
+    are exactly the newest needed. Walking the open loans from the newest: one not asked before is asked iff it
+    holds some of a dimension that the loans asked so far (before, and newer ones now) do not yet cover."""
+    dims = prior["dimensions"]
+    short = {dim: q - dims[dim]["available"] for dim, q in quantities.items() if q > dims[dim]["available"]}
+    if not short or any(q > dims[dim]["available"] + dims[dim]["lent"] for dim, q in quantities.items()):
+        raise CheckFailure(f"awaiting_revocation for {quantities}, but the balances {dims} do not call for it")
+    loans = [loan for loan in prior["loans"] if loan["state"] == "open"]
+    cover = {dim: sum(loan["quantities"].get(dim, 0) for loan in loans if loan["revocation_requested"]) for dim in short}
+    want = []
+    for loan in reversed(loans):
+        if loan["revocation_requested"]:
+            continue
+        if any(cover[dim] < need and loan["quantities"].get(dim, 0) > 0 for dim, need in short.items()):
+            want.append(loan["loan_id"])
+            for dim in short:
+                cover[dim] += loan["quantities"].get(dim, 0)
+    if asked != want:
+        raise CheckFailure(f"reservation of {quantities} short by {short}: asked back {asked}, the newest loans "
+                           f"needed are {want}")
+
+
+# Where the exploration starts, after the partition's first tick and the parent's reservation: the universe
+# and the prefix of its alphabet's labels applied first (each must be `ok`). A later start reaches deeper
+# sequences at the same depth.
 STARTS = {
-    "parent": (),
-    "running": ("reserve c1", "activate c1 a1 g1", "reserve c2"),
+    "parent": ("main", ()),
+    "running": ("main", ("reserve c1", "activate c1 a1 g1", "reserve c2")),
+    "lending": ("lending", ("lend L1",)),
 }
+UNIVERSES = {"main": (alphabet, {}), "lending": (lending_alphabet, LENDING_LIMIT)}
 
 
 def start(name: str = "parent") -> Node:
+    universe, prefix = STARTS[name]
+    make_alphabet, lending_limit = UNIVERSES[universe]
     store, fold = audited_fold((), None)
     out = Outputs()
     fold.apply(tick(START_MS), 0, out)
     parent = CODEC.event_from_json({"event_id": "reserve-parent", "idempotency_key": "reserve-parent",
-                                    "parent_id": PARENT, "occurred_at_ms": 0, **parent_reserved()})
+                                    "parent_id": PARENT, "occurred_at_ms": 0,
+                                    **parent_reserved(lending_limit=lending_limit)})
     assert fold.apply(parent, 1, out)["result"] == "ok"
-    events = alphabet()
-    for offset, label in enumerate(STARTS[name], start=2):
+    events = make_alphabet()
+    for offset, label in enumerate(prefix, start=2):
         assert fold.apply(events[label], offset, out)["result"] == "ok", label
     store.write(fold.view.changes(), 0)
-    return Node(ledger_state(store), fold.auditor.snapshot(),
-                ("tick 0", "reserve-parent", *STARTS[name]))
+    return Node(ledger_state(store), fold.auditor.snapshot(), ("tick 0", "reserve-parent", *prefix))
 
 
 def explore(depth: int, deterministic_every: int = 1, report=None, start_name: str = "parent") -> dict:
     """Breadth first to `depth` events after the start. Returns the counts; raises CheckFailure.
     `deterministic_every`: apply every n-th step twice to compare bytes (1: every step)."""
-    events = alphabet()
+    events = UNIVERSES[STARTS[start_name][0]][0]()
     root = start(start_name)
     seen = {root.state}
     frontier = [root]
@@ -247,10 +334,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="apply every N-th step twice and compare the bytes (default 1: every step)")
     parser.add_argument("--start", choices=sorted(STARTS), action="append",
                         help="the start state(s): 'parent' (just reserved), 'running' (c1 reserved and "
-                             "activated, c2 reserved); default both")
+                             "activated, c2 reserved), 'lending' (a parent that lends, loan L1 out); default all")
     args = parser.parse_args(argv)
     for name in args.start or sorted(STARTS):
-        print(f"start {name!r}: {' -> '.join(STARTS[name]) or 'the parent reserved'}", flush=True)
+        print(f"start {name!r}: {' -> '.join(STARTS[name][1]) or 'the parent reserved'}", flush=True)
         try:
             counts = explore(args.depth, args.determinism_every, report=lambda line: print(line, flush=True),
                              start_name=name)

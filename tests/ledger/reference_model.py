@@ -1,5 +1,5 @@
-"""A deliberately simple reference model of the ledger (SPEC §3-§8, §10, §12), for the whole event vocabulary
-of SPEC §4 except borrowing (LoanRequested/LoanReturned, which the fold does not implement yet).
+"""A deliberately simple reference model of the ledger (SPEC §3-§10, §12), for the whole event vocabulary
+of SPEC §4, borrowing (LoanRequested/LoanReturned, revocation) included.
 
 It shares no code with the fold. Where the fold moves quantities between balance terms event by event, the
 model keeps only per-child facts (reserved, consumed, consumed by earlier attempts, state, attempt,
@@ -11,7 +11,10 @@ determines (returned_to_pool, overdrawn), and derives every balance term from th
     awaiting_confirmation = Σ children's released physical remainders not yet confirmed free
     committed             = Σ consumed of all children, including earlier attempts before a hand-off and
                             adjustments
-    available             = capacity + overdrawn - outstanding - pending - awaiting - returned_to_pool - committed
+    lent                  = Σ quantities of the loans not yet returned
+    committed             (+ Σ what borrowers used of returned loans)
+    available             = capacity + overdrawn - outstanding - pending - awaiting - lent - returned_to_pool
+                            - committed
 
 So a bookkeeping slip in the fold shows up as a different balance, not as the same slip twice. A child's
 `reserved`/`consumed` count its current attempt alone: a retry hand-off (SPEC §4) moves what the old attempt
@@ -70,6 +73,18 @@ accounting.py, fold.py):
   lease generation stays.
 - `ParentClosed` on a closing parent: `invalid_transition`; on an expired parent `ok` every time (the status
   stays `expired` until it closes).
+- Borrowing (SPEC §9; docs/decisions.md 21): a loan's events must carry the loan's own keys
+  (`parent_id/loan/<loan_id>/request|return`) and a loan must lend more than 0 of some dimension, else
+  `invalid_event` (before idempotency). `LoanRequested` checks: parent open (else `parent_closed`), loan id
+  new (`invalid_transition`), dimensions (`invalid_event`), at most 16 loans (`limit_exceeded`), a lending limit
+  for every dimension named (`lending_not_allowed`), lent + q within it (`exceeds_lending_limit`), no loan
+  being recalled (`awaiting_revocation`: siblings first), then `available` (`exceeds_available`).
+  `LoanReturned`: parent not closed, loan known (`unknown_loan`), dimensions, loan open (`already_settled`);
+  usage out of lent, beyond the loan from available then overdrawn; the remainder back (to the pool on a
+  fenced parent), no scheduler confirmation. A `ChildReserved` beyond available that available + lent
+  covers in every dimension: `awaiting_revocation`, asking back, newest first, the open loans not yet asked
+  that hold some of a dimension still short, until the asked loans cover the shortfall; close and expiry ask
+  back every open loan not yet asked; a parent closes only with no loan open.
 - A Tick that does not move ledger time forward: `duplicate` if its key is the last applied tick's, else
   `stale_tick` (ticks are not in the idempotency store: same key, another `now_ms` ahead of ledger time is
   simply applied). Deadlines granted before a partition's first tick are rebased by that tick's time (ledger
@@ -115,8 +130,19 @@ class ModelChild:
         return self.remainder(dim) if self.state in HOLDING else 0
 
 
+class ModelLoan:
+    def __init__(self, borrower: str, quantities: dict) -> None:
+        self.borrower = borrower
+        self.quantities = dict(quantities)
+        self.open = True
+        self.asked = False
+        self.usage: dict[str, int] = {}
+
+
 class ModelParent:
     def __init__(self, capacity: dict, lease_deadline: int, policy: dict) -> None:
+        self.lending_limit = dict(policy["lending_limit"])
+        self.loans: dict[str, ModelLoan] = {}  # in the order lent
         self.capacity = {dim: spec["quantity"] for dim, spec in capacity.items()}
         self.kind = {dim: spec["kind"] for dim, spec in capacity.items()}
         self.lease_deadline = lease_deadline
@@ -135,10 +161,12 @@ class ModelParent:
         pending = sum(c.remainder(dim) for c in kids if c.state in RECON)
         awaiting = sum(c.awaiting.get(dim, 0) for c in kids)
         committed = sum(c.consumed.get(dim, 0) + c.before.get(dim, 0) for c in kids)
+        committed += sum(loan.usage.get(dim, 0) for loan in self.loans.values())
+        lent = sum(loan.quantities.get(dim, 0) for loan in self.loans.values() if loan.open)
         available = (self.capacity[dim] + self.overdrawn[dim] - outstanding - pending - awaiting
-                     - self.returned[dim] - committed)
+                     - lent - self.returned[dim] - committed)
         return {"capacity": self.capacity[dim], "available": available, "outstanding": outstanding,
-                "pending": pending, "awaiting_confirmation": awaiting, "lent": 0,
+                "pending": pending, "awaiting_confirmation": awaiting, "lent": lent,
                 "returned_to_pool": self.returned[dim], "committed": committed, "overdrawn": self.overdrawn[dim]}
 
     def balances(self) -> dict:
@@ -153,6 +181,7 @@ class Model:
         self.ticked = False
         self.last_tick: str | None = None
         self.releases: list[tuple] = []
+        self.revocations: list[tuple] = []  # (parent, loan) asked back by the last event
         self._overdrawn = False
 
     # -- entry --------------------------------------------------------------------------------------------
@@ -160,6 +189,7 @@ class Model:
     def apply(self, e: dict) -> str:
         """The result code of `e`; `self.releases` lists what it released, as (parent, child, dim, q, dest)."""
         self.releases = []
+        self.revocations = []
         self._overdrawn = False
         if e["type"] == "Tick":
             return self._tick(e)
@@ -183,6 +213,11 @@ class Model:
         """What is meaningless whatever the ledger holds: `invalid_event`, before idempotency (as the fold)."""
         if e["type"] == "ParentClosed":
             return e["outcome"] not in ("succeeded", "failed", "cancelled")
+        if e["type"] in ("LoanRequested", "LoanReturned"):
+            verb = "request" if e["type"] == "LoanRequested" else "return"
+            if e["idempotency_key"] != f"{e['parent_id']}/loan/{e['loan_id']}/{verb}":
+                return True
+            return e["type"] == "LoanRequested" and not any(q > 0 for q in e["quantities"].values())
         if e["type"] not in ("CancelAcknowledged", "ChildFailed"):
             return False
         uncertain, usage, retry = e["usage_uncertain"], e["usage"], e.get("retry_attempt_id")
@@ -337,14 +372,23 @@ class Model:
         """Closing or expiry (SPEC §8): `available` and never-dispatched children go to the pool at once."""
         for dim in sorted(parent.capacity):
             self._release(pid, parent, "", dim, parent.balance(dim)["available"])
+        for loan_id, loan in parent.loans.items():
+            if loan.open and not loan.asked:
+                self._ask_back(pid, loan_id, loan)
         for cid, child in parent.children.items():
             if child.state in LIVE and not child.activated:
                 self._settle(pid, parent, cid, child, "released")
 
     def _maybe_close(self, parent: ModelParent) -> None:
         if parent.status in ("closing", "expired") and not any(
-                c.state in HOLDING or any(c.awaiting.values()) for c in parent.children.values()):
+                c.state in HOLDING or any(c.awaiting.values()) for c in parent.children.values()) \
+                and not any(loan.open for loan in parent.loans.values()):
             parent.status = "closed"
+
+    def _ask_back(self, pid: str, loan_id: str, loan: ModelLoan) -> None:
+        assert not loan.asked, (pid, loan_id)
+        loan.asked = True
+        self.revocations.append((pid, loan_id))
 
     def _outcome(self, pid: str, parent: ModelParent, cid: str, child: ModelChild, e: dict) -> None:
         """A known outcome of a settling report: commit the total, then hand off to a retry or settle."""
@@ -376,7 +420,13 @@ class Model:
         self._valid_usage(parent, e["quantities"])
         if sum(c.state in LIVE for c in parent.children.values()) >= parent.max_live:
             raise Rejected("fanout_exceeded")
-        if any(q > parent.balance(dim)["available"] for dim, q in e["quantities"].items()):
+        balance = {dim: parent.balance(dim) for dim in e["quantities"]}
+        short = {dim: q - balance[dim]["available"] for dim, q in e["quantities"].items()
+                 if q > balance[dim]["available"]}
+        if short and all(q <= balance[dim]["available"] + balance[dim]["lent"] for dim, q in e["quantities"].items()):
+            self._recall(e["parent_id"], parent, short)
+            raise Rejected("awaiting_revocation")
+        if short:
             raise Rejected("exceeds_available")
         parent.children[e["child_id"]] = ModelChild(e["branch_id"], e["attempt_id"], e["quantities"])
 
@@ -529,6 +579,62 @@ class Model:
         self._release(e["parent_id"], parent, e["child_id"], e["dimension"], quantity)
         self._maybe_close(parent)
 
+    def _recall(self, pid: str, parent: ModelParent, short: dict) -> None:
+        """Ask back the fewest newest loans needed: a loan (newest first, not yet asked) is asked when some
+        dimension it holds is still short after every loan asked before, and the newer ones asked now."""
+        open_loans = [(loan_id, loan) for loan_id, loan in parent.loans.items() if loan.open]
+        covered = {dim: sum(loan.quantities.get(dim, 0) for _, loan in open_loans if loan.asked) for dim in short}
+        for loan_id, loan in reversed(open_loans):
+            if loan.asked:
+                continue
+            still_short = [dim for dim in short if covered[dim] < short[dim]]
+            if not still_short:
+                break
+            if any(loan.quantities.get(dim, 0) > 0 for dim in still_short):
+                self._ask_back(pid, loan_id, loan)
+                for dim in short:
+                    covered[dim] += loan.quantities.get(dim, 0)
+
+    def _LoanRequested(self, e: dict) -> None:
+        parent = self._parent(e, open_only=True)
+        if e["loan_id"] in parent.loans:
+            raise Rejected("invalid_transition")
+        self._valid_usage(parent, e["quantities"])
+        if len(parent.loans) >= 16:
+            raise Rejected("limit_exceeded")
+        if any(parent.lending_limit.get(dim, 0) <= 0 for dim in e["quantities"]):
+            raise Rejected("lending_not_allowed")
+        if any(parent.balance(dim)["lent"] + q > parent.lending_limit[dim] for dim, q in e["quantities"].items()):
+            raise Rejected("exceeds_lending_limit")
+        if any(loan.open and loan.asked for loan in parent.loans.values()):
+            raise Rejected("awaiting_revocation")
+        if any(q > parent.balance(dim)["available"] for dim, q in e["quantities"].items()):
+            raise Rejected("exceeds_available")
+        parent.loans[e["loan_id"]] = ModelLoan(e["borrower"], e["quantities"])
+
+    def _LoanReturned(self, e: dict) -> None:
+        parent = self._parent(e)
+        loan = parent.loans.get(e["loan_id"])
+        if loan is None:
+            raise Rejected("unknown_loan")
+        self._valid_usage(parent, e["usage"])
+        if not loan.open:
+            raise Rejected("already_settled")
+        pid = e["parent_id"]
+        for dim in sorted(set(loan.quantities) | set(e["usage"])):
+            lent, used = loan.quantities.get(dim, 0), e["usage"].get(dim, 0)
+            excess = max(used - lent, 0)
+            short = max(excess - parent.balance(dim)["available"], 0)
+            if short:
+                parent.overdrawn[dim] += short
+                self._overdrawn = True
+        left = {dim: max(q - e["usage"].get(dim, 0), 0) for dim, q in loan.quantities.items()}
+        loan.open = False
+        loan.usage = {dim: q for dim, q in e["usage"].items() if q}
+        for dim in sorted(left):
+            self._release(pid, parent, "", dim, left[dim])
+        self._maybe_close(parent)
+
     def _ParentClosed(self, e: dict) -> None:
         parent = self._parent(e)
         if e["outcome"] not in ("succeeded", "failed", "cancelled"):
@@ -551,5 +657,7 @@ class Model:
                           {d: c.consumed.get(d, 0) for d in dims},
                           {d: c.reserved.get(d, 0) - c.consumed.get(d, 0) for d in dims})
                     for cid, c in parent.children.items()}
-            snap[pid] = (parent.status, parent.balances(), kids)
+            loans = {loan_id: (loan.open, loan.asked, dict(sorted(loan.usage.items())))
+                     for loan_id, loan in parent.loans.items()}
+            snap[pid] = (parent.status, parent.balances(), kids, loans)
         return snap

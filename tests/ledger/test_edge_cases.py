@@ -1215,3 +1215,264 @@ def test_s5_report_of_a_superseded_generation(situation: str, label: str) -> Non
     event = make(L, label, attempt=attempt, gen=gen)
     rejected(L, event, "stale_lease_generation")
     escalated(L, event)
+
+
+# -- SPEC §9: explicit borrowing --------------------------------------------------------------------------------
+# Each rejection below is checked like the rows above (`rejected`: nothing changed, nothing stored); an
+# `awaiting_revocation` is the one rejection that emits something: the loans it asks back (once each).
+
+LIMIT = {"tokens": 40, "gpus": 2}
+
+
+def lending_parent(L: Ledger, lease_ttl_ms: int = 3_600_000) -> None:
+    """100 tokens and 10 GPUs, lending at most 40 tokens and 2 GPUs; child A reserved (20 tokens, 2 GPUs)."""
+    L.tick(T0)
+    assert L.open_parent(tokens=100, gpus=10, lease_ttl_ms=lease_ttl_ms, lending_limit=LIMIT) == "ok"
+    assert L.reserve("A", tokens=20, gpus=2) == "ok"
+
+
+def three_loans(L: Ledger, lease_ttl_ms: int = 3_600_000) -> None:
+    """`lending_parent`, then L1 (10 tokens), L2 (1 GPU), L3 (15 tokens): available 55 tokens and 7 GPUs."""
+    lending_parent(L, lease_ttl_ms)
+    assert L.lend("L1", 10) == "ok"
+    assert L.lend("L2", tokens=None, gpus=1) == "ok"
+    assert L.lend("L3", 15) == "ok"
+
+
+def loan_event(L: Ledger, etype: str, loan_id: str, **fields) -> dict:
+    verb = "request" if etype == "LoanRequested" else "return"
+    return L.event(etype, key=f"{P}/loan/{loan_id}/{verb}", loan_id=loan_id, **fields)
+
+
+def test_s9_a_loan_moves_available_to_lent_with_an_audit_record_per_dimension() -> None:
+    L = Ledger()
+    lending_parent(L)
+    event = ok(L, loan_event(L, "LoanRequested", "L1", borrower="batch-7", quantities={"tokens": 30, "gpus": 2}))
+    assert (balances(L)["available"], balances(L)["lent"]) == (50, 30)
+    assert (balances(L, "gpus")["available"], balances(L, "gpus")["lent"]) == (6, 2)
+    audits = [(a["dimension"], a["quantity"], a["new_state"]) for a in L.out.audits
+              if a["triggering_event_id"] == event["event_id"]]
+    assert audits == [("gpus", 2, "loan_open"), ("tokens", 30, "loan_open")]
+    assert L.loan("L1") == {"loan_id": "L1", "borrower": "batch-7", "quantities": {"gpus": 2, "tokens": 30},
+                            "state": "open", "revocation_requested": False, "usage": {}, "lent_at_ms": T0}
+
+
+@pytest.mark.parametrize("quantities,code", [
+    ({"tokens": 41}, "exceeds_lending_limit"),
+    ({"tokens": 10, "gpus": 3}, "exceeds_lending_limit"),
+    ({"cpu": 1}, "invalid_event"),
+    ({"tokens": 0, "gpus": 0}, "invalid_event"),
+    ({}, "invalid_event"),
+])
+def test_s9_a_refused_loan_changes_nothing(quantities: dict, code: str) -> None:
+    L = Ledger()
+    lending_parent(L)
+    rejected(L, loan_event(L, "LoanRequested", "L1", borrower="b", quantities=quantities), code)
+
+
+def test_s9_a_dimension_with_a_zero_lending_limit_lends_nothing() -> None:
+    L = Ledger()
+    L.tick(T0)
+    assert L.open_parent(gpus=4, lending_limit={"tokens": 10, "gpus": 0}) == "ok"
+    rejected(L, loan_event(L, "LoanRequested", "L1", borrower="b", quantities={"gpus": 1}), "lending_not_allowed")
+    # A zero quantity of a dimension without a limit is still a loan of that dimension: refused as well.
+    rejected(L, loan_event(L, "LoanRequested", "L1", borrower="b", quantities={"tokens": 1, "gpus": 0}),
+             "lending_not_allowed")
+    assert L.lend("L1", 10) == "ok"
+
+
+def test_s9_the_lending_limit_is_checked_before_available() -> None:
+    """Decision 21: a loan beyond the limit is `exceeds_lending_limit` even when it also exceeds `available`:
+    the limit never changes, so the borrower learns it should not wait for capacity to free up."""
+    L = Ledger()
+    lending_parent(L)
+    assert L.reserve("B", tokens=75) == "ok"  # 5 tokens left
+    rejected(L, loan_event(L, "LoanRequested", "L1", borrower="b", quantities={"tokens": 41}), "exceeds_lending_limit")
+    rejected(L, loan_event(L, "LoanRequested", "L1", borrower="b", quantities={"tokens": 6}), "exceeds_available")
+
+
+def test_s9_a_loan_id_is_lent_once_and_returned_once() -> None:
+    L = Ledger()
+    three_loans(L)
+    first = L.out.results[-1]
+    assert L.lend("L3", 15) == "duplicate"
+    assert L.lend("L3", 5) == "idempotency_conflict"
+    assert L.return_loan("L3", tokens=4) == "ok"
+    assert L.return_loan("L3", tokens=4) == "duplicate"
+    assert L.return_loan("L3", tokens=5) == "idempotency_conflict"
+    assert L.lend("L3", 15) == "duplicate"  # the loan's request key stays taken: the id is never lent again
+    assert first["result"] == "ok"
+    assert (balances(L)["lent"], balances(L)["committed"]) == (10, 4)
+    assert [r["reason"] for r in L.out.releases if r["reason"] == "loan_returned"] == ["loan_returned"]
+
+
+def test_s9_loan_events_must_carry_the_loans_own_keys() -> None:
+    """Decision 21: with `parent_id/loan/<loan_id>/request|return` enforced, a second request or return of a loan
+    can only be a `duplicate` or an `idempotency_conflict`, never a second loan or a second release."""
+    L = Ledger()
+    three_loans(L)
+    rejected(L, L.event("LoanReturned", key="P/loan/L3/return-again", loan_id="L3", usage={}), "invalid_event")
+    rejected(L, L.event("LoanRequested", key="P/loan/L4/request", loan_id="L5", borrower="b",
+                        quantities={"tokens": 1}), "invalid_event")
+
+
+def test_s9_a_revocation_asks_the_newest_loans_that_cover_the_shortfall_once_each() -> None:
+    L = Ledger()
+    three_loans(L)  # available 55 tokens, lent 25 (L1 10, L3 15) and 1 GPU (L2)
+    event = L.event("ChildReserved", child_id="B", branch_id="B", attempt_id="B1", quantities={"tokens": 62})
+    before = snapshot(L)
+    result = L.apply(event)
+    assert result["result"] == "awaiting_revocation", result["detail"]
+    # Short by 7 tokens: L3 (the newest holding tokens) covers it; L2 holds no tokens, L1 is not needed.
+    assert L.revoked() == ["L3"]
+    [revocation] = L.out.revocations
+    assert revocation == {
+        "revocation_key": "P/loan/L3/revocation", "parent_id": "P", "loan_id": "L3", "borrower": "batch",
+        "quantities": {"tokens": 15}, "reason": "sibling_needs_capacity", "idempotency_key": event["idempotency_key"],
+        "triggering_event_id": event["event_id"], "triggering_event_type": "ChildReserved", "child_id": "B",
+        "input_partition": 0, "input_offset": result["input_offset"], "ledger_time_ms": T0}
+    assert balances(L) == {term: before["parent"]["dimensions"]["tokens"][term] for term in TERMS}
+    assert L.view.child(P, "B") is None
+    assert L.view.idempotency(P, event["idempotency_key"]) is None  # retried once the loan is back
+    # The same reservation again (a retry too early): L3 is already asked, and covers it: nothing more is asked.
+    assert L.apply(redelivered(event))["result"] == "awaiting_revocation"
+    assert L.revoked() == ["L3"]
+    # A larger one needs L1 as well (L3 already counts), and only L1.
+    assert L.reserve("C", tokens=75) == "awaiting_revocation"
+    assert L.revoked() == ["L3", "L1"]
+    assert L.loan("L2")["revocation_requested"] is False
+
+
+def test_s9_a_revocation_skips_loans_holding_nothing_of_a_short_dimension() -> None:
+    L = Ledger()
+    three_loans(L)
+    assert L.reserve("B", tokens=1, gpus=8) == "awaiting_revocation"  # 7 GPUs available, L2 lends 1
+    assert L.revoked() == ["L2"]
+    assert L.reserve("C", tokens=56, gpus=1) == "awaiting_revocation"  # L3 is newer than L1 and covers 1 token
+    assert L.revoked() == ["L2", "L3"]
+
+
+def test_s9_a_reservation_beyond_available_and_lent_is_exceeds_available_and_asks_nothing() -> None:
+    L = Ledger()
+    three_loans(L)
+    rejected(L, L.event("ChildReserved", child_id="B", branch_id="B", attempt_id="B1", quantities={"tokens": 81}),
+             "exceeds_available")
+    assert L.out.revocations == []
+
+
+def test_s9_siblings_come_first_no_new_loan_while_a_loan_is_recalled() -> None:
+    """Decision 21: while a loan asked back for a sibling is out, a new loan is `awaiting_revocation`, so the
+    capacity coming back is not lent again before the sibling's retry."""
+    L = Ledger()
+    three_loans(L)
+    assert L.reserve("B", tokens=62) == "awaiting_revocation"
+    rejected(L, loan_event(L, "LoanRequested", "L4", borrower="b", quantities={"tokens": 1}), "awaiting_revocation")
+    assert L.return_loan("L3", tokens=3) == "ok"
+    assert balances(L)["available"] == 67
+    assert L.reserve("B", tokens=62) == "ok"
+    assert L.lend("L4", 5) == "ok"
+
+
+def test_s9_the_borrower_used_part_of_a_recalled_loan_the_retry_asks_the_next_one() -> None:
+    L = Ledger()
+    three_loans(L)
+    assert L.reserve("B", tokens=62) == "awaiting_revocation"
+    assert L.return_loan("L3", tokens=10) == "ok"  # only 5 come back: available 60
+    assert L.reserve("B", tokens=62) == "awaiting_revocation"
+    assert L.revoked() == ["L3", "L1"]
+    assert L.return_loan("L1") == "ok"
+    assert L.reserve("B", tokens=62) == "ok"
+    assert balances(L)["committed"] == 10
+
+
+def test_s9_close_asks_every_open_loan_back_and_waits_for_them() -> None:
+    L = Ledger()
+    three_loans(L)
+    assert L.reserve("B", tokens=62) == "awaiting_revocation"  # L3 asked already: not asked again on close
+    close = ok(L, L.event("ParentClosed", outcome="succeeded"))
+    assert L.revoked() == ["L3", "L1", "L2"]
+    assert {r["reason"] for r in L.out.revocations if r["triggering_event_id"] == close["event_id"]} == {"parent_closed"}
+    assert L.status() == "closing" and L.out.settled == []
+    assert balances(L)["returned_to_pool"] == 75  # available 55 and A's 20 (never activated)
+    ok(L, L.event("SchedulerReleaseConfirmed", child_id="A", attempt_id="A1", dimension="gpus"))
+    assert L.status() == "closing"  # the loans are out
+    assert L.return_loan("L1", tokens=2) == "ok"
+    assert L.return_loan("L3") == "ok"
+    assert L.status() == "closing" and L.out.settled == []
+    assert L.return_loan("L2", gpus=1) == "ok"
+    assert L.status() == "closed"
+    [settled] = L.out.settled
+    assert settled["dimensions"]["tokens"]["returned_to_pool"] == 98
+    assert settled["dimensions"]["gpus"]["committed"] == 1
+    pool = sorted((r["dimension"], r["quantity"]) for r in L.out.releases
+                  if r["reason"] == "loan_returned" and r["destination"] == "global_pool")
+    assert pool == [("tokens", 8), ("tokens", 15)]
+    assert L.send("LoanRequested", key="P/loan/L9/request", loan_id="L9", borrower="b",
+                  quantities={"tokens": 1}) == "parent_closed"
+
+
+def test_s9_parent_expiry_asks_every_open_loan_back_and_new_loans_are_parent_closed() -> None:
+    L = Ledger()
+    three_loans(L, lease_ttl_ms=PARENT_LEASE_MS)
+    assert L.tick(PARENT_EXPIRY) == "ok"
+    assert L.status() == "expired"
+    assert L.revoked() == ["L1", "L2", "L3"]
+    assert {r["reason"] for r in L.out.revocations} == {"parent_expired"}
+    rejected(L, loan_event(L, "LoanRequested", "L4", borrower="b", quantities={"tokens": 1}), "parent_closed")
+    ok(L, L.event("ParentClosed", outcome="failed"))  # recorded; asks nothing again
+    assert L.revoked() == ["L1", "L2", "L3"]
+    ok(L, L.event("SchedulerReleaseConfirmed", child_id="A", attempt_id="A1", dimension="gpus"))
+    assert L.status() == "expired"  # the loans are out
+    for loan_id in ("L1", "L2", "L3"):
+        assert L.return_loan(loan_id) == "ok"
+    assert L.status() == "closed" and len(L.out.settled) == 1
+
+
+def test_s9_an_overrun_of_a_loan_on_a_closing_parent_is_overdrawn() -> None:
+    L = Ledger()
+    three_loans(L)
+    ok(L, L.event("ParentClosed", outcome="succeeded"))
+    assert L.return_loan("L1", tokens=13) == "overdrawn"  # available is 0 once closing: 3 beyond the loan
+    b = balances(L)
+    assert (b["committed"], b["overdrawn"], b["lent"]) == (13, 3, 15)
+    notes = [a["note"] for a in L.out.audits if "overrun" in a["note"]]
+    assert notes == ["loan L1: overrun of 3: 0 drawn from available, 3 overdrawn"]
+
+
+def test_s9_a_loan_return_naming_a_dimension_the_loan_lacks_is_an_overrun_of_it() -> None:
+    """Usage of a dimension the loan did not lend (but the parent has) is all overrun: drawn from available."""
+    L = Ledger()
+    three_loans(L)
+    assert L.return_loan("L1", tokens=10, gpus=2) == "ok"
+    assert (balances(L, "gpus")["available"], balances(L, "gpus")["committed"]) == (5, 2)
+
+
+def test_s9_a_physical_loan_comes_back_without_scheduler_confirmation() -> None:
+    """Decision 21: the borrower's LoanReturned is the confirmation that what it holds is free."""
+    L = Ledger()
+    three_loans(L)
+    assert L.return_loan("L2") == "ok"
+    g = balances(L, "gpus")
+    assert (g["available"], g["awaiting_confirmation"], g["lent"]) == (8, 0, 0)
+
+
+@pytest.mark.parametrize("code,setup", [
+    ("unknown_parent", lambda L: L.tick(T0)),
+    ("unknown_loan", three_loans),
+])
+def test_s9_returns_of_what_was_never_lent(code: str, setup) -> None:
+    L = Ledger()
+    setup(L)
+    rejected(L, loan_event(L, "LoanReturned", "L9", usage={"tokens": 1}), code)
+
+
+def test_s9_a_parent_takes_at_most_its_limit_of_loans() -> None:
+    from branch_settlement.schemas.limits import MAX_LOANS_PER_PARENT
+    L = Ledger()
+    L.tick(T0)
+    assert L.open_parent(tokens=1000, lending_limit={"tokens": 1000}) == "ok"
+    for n in range(MAX_LOANS_PER_PARENT):
+        assert L.lend(f"L{n}", 1) == "ok"
+        if n % 2:
+            assert L.return_loan(f"L{n}") == "ok"  # returned loans stay listed, and count
+    rejected(L, loan_event(L, "LoanRequested", "Lmax", borrower="b", quantities={"tokens": 1}), "limit_exceeded")

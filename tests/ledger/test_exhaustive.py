@@ -13,14 +13,16 @@ from tests.ledger import exhaustive
 pytestmark = pytest.mark.unit
 
 # Per start state, the depth `make test` explores and the distinct states it must at least reach there.
-DEPTHS = {"parent": (4, 10_000), "running": (3, 8_000)}
+DEPTHS = {"parent": (4, 10_000), "running": (3, 8_000), "lending": (5, 1_000)}
+ALPHABET_AT_LEAST = {"main": 70, "lending": 15}
 
 
 @pytest.mark.parametrize("start", sorted(DEPTHS))
 def test_every_sequence_up_to_the_depth_keeps_every_rule(start: str, capsys) -> None:
     depth, at_least = DEPTHS[start]
     counts = exhaustive.explore(depth, report=print, start_name=start)
-    assert counts["alphabet"] == len(exhaustive.alphabet()) >= 70
+    universe = exhaustive.STARTS[start][0]
+    assert counts["alphabet"] == len(exhaustive.UNIVERSES[universe][0]()) >= ALPHABET_AT_LEAST[universe]
     # Every depth reaches new ledgers: the universe is not exhausted, so the depth is what bounds the check.
     assert all(new > 0 for new in counts["new_per_depth"])
     assert counts["distinct_states"] > at_least
@@ -32,6 +34,8 @@ def test_every_sequence_up_to_the_depth_keeps_every_rule(start: str, capsys) -> 
 def test_the_alphabet_covers_every_event_type() -> None:
     from branch_settlement.schemas.codec import EVENT_TYPES
     assert {event["type"] for event in exhaustive.alphabet().values()} == set(EVENT_TYPES)
+    lending = {event["type"] for event in exhaustive.lending_alphabet().values()}
+    assert {"LoanRequested", "LoanReturned", "ChildReserved", "ParentClosed", "Tick"} <= lending
 
 
 def _set_state_forgetting_the_remainder(ctx, view, parent, child, new_state, note):
@@ -54,3 +58,44 @@ def test_a_remainder_left_in_the_wrong_term_is_found(monkeypatch) -> None:
         exhaustive.explore(3)
     message = str(failure.value)
     assert "recomputed" in message and "sequence: tick 0 -> reserve-parent -> " in message
+
+
+def _recall_oldest_first(ctx, view, parent, shortfall, child_id):
+    """recall_loans walking the loans from the oldest: asks loans a newer one would have spared."""
+    need = dict(shortfall)
+    asked = []
+    for loan in model.open_loans(parent):
+        if all(q <= 0 for q in need.values()):
+            break
+        if loan["revocation_requested"]:
+            for dim in need:
+                need[dim] -= loan["quantities"].get(dim, 0)
+            continue
+        accounting.ask_loan_back(ctx, parent, loan, "sibling_needs_capacity", child_id)
+        asked.append(loan["loan_id"])
+        for dim in need:
+            need[dim] -= loan["quantities"].get(dim, 0)
+    accounting.touch(ctx, view, parent)
+    return asked
+
+
+def test_a_revocation_of_older_loans_than_needed_is_found(monkeypatch) -> None:
+    monkeypatch.setattr(accounting, "recall_loans", _recall_oldest_first)
+    with pytest.raises(exhaustive.CheckFailure) as failure:
+        exhaustive.explore(4, start_name="lending")
+    assert "the newest loans needed are" in str(failure.value)
+
+
+def test_a_parent_closing_with_a_loan_open_is_found(monkeypatch) -> None:
+    def finish_ignoring_loans(ctx, view, parent):
+        loans, parent["loans"] = parent["loans"], []
+        try:
+            original(ctx, view, parent)
+        finally:
+            parent["loans"] = loans
+
+    original = accounting.finish_parent_if_done
+    monkeypatch.setattr(accounting, "finish_parent_if_done", finish_ignoring_loans)
+    with pytest.raises(exhaustive.CheckFailure) as failure:
+        exhaustive.explore(3, start_name="lending")
+    assert "closed with" in str(failure.value)

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.unit
 CORPUS = Path(__file__).resolve().parent / "fuzz_corpus"
 CODEC = default_codec()
 T0 = 1_000_000
-POLICY = {"max_live_children": 4, "reconciliation_timeout_ms": 100_000, "lending_limit": {}}
+POLICY = {"max_live_children": 4, "reconciliation_timeout_ms": 100_000, "lending_limit": {"tokens": 30, "gpus": 1}}
 
 
 def _event(etype: str, key: str, parent_id: str = "P", **fields) -> dict:
@@ -40,7 +40,8 @@ def _event(etype: str, key: str, parent_id: str = "P", **fields) -> dict:
 
 
 def prefix_events() -> list[dict]:
-    """The ledger every fuzz input meets: A activated, B reserved, C in reconciliation, physical GPUs."""
+    """The ledger every fuzz input meets: A activated, B reserved, C in reconciliation, physical GPUs, a loan L1
+    of 10 tokens out (the parent lends up to 30 tokens and 1 GPU)."""
     return [
         _event("Tick", "tick/1", parent_id="", now_ms=T0),
         _event("ParentReserved", "P/p", capacity={"tokens": {"quantity": 100, "kind": "logical"},
@@ -53,6 +54,7 @@ def prefix_events() -> list[dict]:
         _event("ChildReserved", "P/C", child_id="C", branch_id="c", attempt_id="C1", quantities={"tokens": 10}),
         _event("ChildActivated", "P/C/a", child_id="C", attempt_id="C1", lease_generation=1, lease_ttl_ms=10),
         _event("Tick", "tick/2", parent_id="", now_ms=T0 + 20),
+        _event("LoanRequested", "P/loan/L1/request", loan_id="L1", borrower="w", quantities={"tokens": 10}),
     ]
 
 
@@ -82,6 +84,12 @@ def corpus_events() -> list[dict]:
         _event("ParentClosed", "P/close", outcome="failed"),
         _event("Tick", "tick/3", parent_id="", now_ms=T0 + 10_000_000),
         _event("ChildReserved", "P/E", child_id="E" * (MAX_ID_BYTES + 1), branch_id="e", attempt_id="E1",
+               quantities={"tokens": MAX_QUANTITY + 1}),
+        _event("LoanRequested", "P/loan/L2/request", loan_id="L2", borrower="w2", quantities={"tokens": 5, "gpus": 1}),
+        _event("LoanReturned", "P/loan/L1/return", loan_id="L1", usage={"tokens": 4}),
+        _event("LoanReturned", "P/loan/L1/return", loan_id="L1", usage={"tokens": 60, "gpus": 1}),
+        _event("ChildReserved", "P/F", child_id="F", branch_id="f", attempt_id="F1", quantities={"tokens": 55}),
+        _event("LoanRequested", "P/loan/L3/request", loan_id="L3", borrower="w" * (MAX_ID_BYTES + 1),
                quantities={"tokens": MAX_QUANTITY + 1}),
     ]
 

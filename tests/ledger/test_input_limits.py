@@ -18,8 +18,8 @@ from branch_settlement.schemas.codec import default_codec
 from branch_settlement.schemas.errors import CodecError
 from branch_settlement.schemas.limits import (DEAD_LETTER_ORIGINAL_BYTES, MAX_BALANCE, MAX_CHILDREN_PER_PARENT,
                                               MAX_DIMENSIONS, MAX_EVENT_BYTES, MAX_ID_BYTES, MAX_KEY_BYTES,
-                                              MAX_LEASE_GENERATION, MAX_QUANTITY, MAX_TIME_MS, MAX_TTL_MS,
-                                              MAX_USAGE_REPORTS_PER_ATTEMPT)
+                                                              MAX_LEASE_GENERATION, MAX_LOANS_PER_PARENT, MAX_QUANTITY,
+                                              MAX_TIME_MS, MAX_TTL_MS, MAX_USAGE_REPORTS_PER_ATTEMPT)
 from tests.harness import T0, Ledger
 
 pytestmark = pytest.mark.unit
@@ -95,11 +95,20 @@ def test_an_empty_retry_attempt_means_no_retry() -> None:
                           lease_ttl_ms=1), "lease_generation"),
     ("UsageReported", dict(child_id="A", attempt_id="A1", lease_generation=1, usage_report_id="r",
                            usage={f"d{i}": 0 for i in range(MAX_DIMENSIONS + 1)}), "dimensions, at most"),
+    ("LoanRequested", dict(key="P/loan/L1/request", loan_id="L1", borrower="b", quantities={"tokens": MAX_QUANTITY + 1}),
+     "quantity must be an integer from 0"),
+    ("LoanRequested", dict(key="P/loan/L1/request", loan_id="L1", borrower="b" * (MAX_ID_BYTES + 1),
+                           quantities={"tokens": 1}), "borrower must be non-empty"),
+    ("LoanRequested", dict(key=f"P/loan/{'L' * (MAX_ID_BYTES + 1)}/request", loan_id="L" * (MAX_ID_BYTES + 1),
+                           borrower="b", quantities={"tokens": 1}), "loan_id must be non-empty"),
+    ("LoanReturned", dict(key="P/loan/L1/return", loan_id="L1", usage={"tokens": -1}),
+     "quantity must be an integer from 0"),
+    ("LoanReturned", dict(key="P/loan//return", loan_id="", usage={}), "loan_id must be non-empty"),
 ])
 def test_values_beyond_their_range_are_invalid(etype: str, fields: dict, detail: str) -> None:
     L = running()
     before = L.balance()
-    assert L.send(etype, **fields) == "invalid_event"
+    assert L.send(etype, **fields) == "invalid_event", L.out.results[-1]["detail"]
     assert detail in L.out.results[-1]["detail"]
     unchanged(L, before)
 
@@ -253,6 +262,10 @@ def test_the_largest_ledger_records_fit_a_message() -> None:
                                "lending_limit": {dim: MAX_QUANTITY for dim in dims}})
     parent["children"] = [f"{n:0{MAX_ID_BYTES}d}" for n in range(MAX_CHILDREN_PER_PARENT)]
     parent["winners"] = {child_id: "a" * MAX_ID_BYTES for child_id in parent["children"]}  # a branch each
+    for n in range(MAX_LOANS_PER_PARENT):
+        loan = model.new_loan(f"{n:0{MAX_ID_BYTES}d}", "w" * MAX_ID_BYTES, {dim: MAX_QUANTITY for dim in dims}, MAX_TIME_MS)
+        loan["usage"] = {dim: MAX_BALANCE for dim in dims}
+        parent["loans"].append(loan)
     assert len(codec.encode("LedgerParent", parent)) < TOPIC_MAX_MESSAGE_BYTES
     child = model.new_child(longest, longest, longest, longest, {dim: MAX_QUANTITY for dim in dims})
     child["usage_report_ids"] = [f"{n:0{MAX_ID_BYTES}d}" for n in range(MAX_USAGE_REPORTS_PER_ATTEMPT)]

@@ -1,13 +1,16 @@
 """The fold against the reference model (tests/ledger/reference_model.py), event by event, over seeded random
-streams of the whole event vocabulary of SPEC §4 (but borrowing): several parents with a logical (`tokens`)
+streams of the whole event vocabulary of SPEC §4, borrowing included: several parents with a logical (`tokens`)
 and a physical (`gpus`) dimension, short parent leases, closes while children are live, reconciling or
 awaiting confirmation, retries with and without `retry_attempt_id` from every state, speculative copies,
 transfers, adjustments, scheduler confirmations (right and wrong), overruns, late reports, stale generations,
+loans within and beyond a lending limit (or none), returns with usage within and beyond the loan, sibling
+reservations that recall loans, closes and expiries with loans open,
 superseded attempts, duplicates and idempotency conflicts of every event type, adjacent reordering, ticks
 crossing lease and reconciliation deadlines, and crashes of the store between checkpoints.
 
 After every event the result code, every balance term of every dimension and the status of every parent, each
-child's state, attempt, generation, consumed and remainder, and the releases the event emitted are compared.
+child's state, attempt, generation, consumed and remainder, each loan's state, revocation and usage, and the
+releases and revocations the event emitted are compared.
 Any failure names the seed that reproduces it: `pytest tests/ledger/test_reference_model.py -k 'seed-1234'`."""
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class Stream:
         self.parents: list[str] = []
         self.ids: list[tuple[str, str]] = []  # every child id sent, applied or not
         self.attempts: dict[tuple[str, str], list[str]] = {}
+        self.loan_ids: list[tuple[str, str]] = []  # every loan id requested, lent or not
         self.n = 0
 
     # -- emitting -----------------------------------------------------------------------------------------
@@ -81,7 +85,7 @@ class Stream:
                (self.usage_report, 10), (self.complete, 5), (self.skip, 2), (self.cancel, 4), (self.ack, 5),
                (self.fail, 6), (self.winner, 2), (self.transfer, 2), (self.resolve, 3), (self.adjust, 2),
                (self.confirm, 5), (self.tick, 9), (self.close, 1.2), (self.duplicate, 5), (self.conflict, 4),
-               (self.open_more, 0.7), (self.invalid, 0.4)]
+               (self.open_more, 0.7), (self.invalid, 0.4), (self.lend, 5), (self.return_loan, 4)]
         actions, weights = zip(*ops)
         while len(self.events) < self.length:
             if sum(p.status == "open" for p in self.aim.parents.values()) == 0 and rng.random() < 0.3:
@@ -156,7 +160,58 @@ class Stream:
                             "gpus": {"quantity": rng.randint(2, 12), "kind": "physical"}},
                   lease_ttl_ms=rng.randint(200_000, 1_500_000) if short else 10**12,
                   policy={"max_live_children": rng.randint(2, 7),
-                          "reconciliation_timeout_ms": rng.randint(20_000, 400_000), "lending_limit": {}})
+                          "reconciliation_timeout_ms": rng.randint(20_000, 400_000),
+                          "lending_limit": self.lending_limit()})
+
+    def lending_limit(self) -> dict:
+        roll = self.rng.random()
+        if roll < 0.3:
+            return {}
+        limit = {"tokens": self.rng.randint(10, 120)}
+        if roll < 0.6:
+            limit["gpus"] = self.rng.randint(1, 4)
+        return limit
+
+    def lend(self) -> None:
+        rng = self.rng
+        parent_id = self.live_parent()
+        if parent_id is None:
+            return
+        if rng.random() < 0.1 and self.loan_ids:
+            parent_id, loan_id = rng.choice(self.loan_ids)  # a loan id in use (or rejected before)
+        else:
+            loan_id = f"L{self.n}"
+            self.loan_ids.append((parent_id, loan_id))
+        quantities = {"tokens": rng.randint(0, 60)}
+        if rng.random() < 0.4:
+            quantities["gpus"] = rng.randint(0, 3)
+        if rng.random() < 0.1:
+            del quantities["tokens"]
+            quantities["gpus"] = rng.randint(0, 2)
+        key = f"{parent_id}/loan/{loan_id}/request"
+        if rng.random() < 0.03:
+            key += "-wrong"
+        self.emit("LoanRequested", parent_id, key=key, loan_id=loan_id, borrower=f"w{rng.randint(1, 3)}",
+                  quantities=quantities)
+
+    def return_loan(self) -> None:
+        rng = self.rng
+        open_loans = [(pid, loan_id, loan) for pid, p in self.aim.parents.items() if p.status != "closed"
+                      for loan_id, loan in p.loans.items() if loan.open]
+        if open_loans and rng.random() < 0.85:
+            asked = [t for t in open_loans if t[2].asked]
+            pid, loan_id, loan = rng.choice(asked if asked and rng.random() < 0.6 else open_loans)
+        elif self.loan_ids:
+            pid, loan_id = rng.choice(self.loan_ids)
+            parent = self.aim.parents.get(pid)
+            loan = parent.loans.get(loan_id) if parent else None
+        else:
+            return
+        most = (loan.quantities.get("tokens", 0) if loan else 10) + (15 if rng.random() < 0.2 else 0)
+        usage = {"tokens": rng.randint(0, most)}
+        if rng.random() < 0.3:
+            usage["gpus"] = rng.randint(0, 2)
+        self.emit("LoanReturned", pid, key=f"{pid}/loan/{loan_id}/return", loan_id=loan_id, usage=usage)
 
     def open_more(self) -> None:
         if self.rng.random() < 0.2 and self.parents:
@@ -343,6 +398,10 @@ class Stream:
             e["dimension"] = "tokens" if e["dimension"] == "gpus" else "gpus"
         elif t == "ParentClosed":
             e["outcome"] = "failed" if e["outcome"] != "failed" else "cancelled"
+        elif t == "LoanRequested":
+            e["borrower"] += "-other"
+        elif t == "LoanReturned":
+            e["usage"] = {**e["usage"], "tokens": e["usage"].get("tokens", 0) + 1}
         self.n += 1
         e["event_id"] = f"e{self.n}"
         self.push(e)
@@ -358,19 +417,20 @@ class Stream:
                           usage_report_id="bad", usage={"cpu": 1})
 
 
-def expected(events: list[dict], label: str) -> tuple[list[str], list, list]:
-    """The model's result, ledger snapshot and releases per event."""
+def expected(events: list[dict], label: str) -> tuple[list[str], list, list, list]:
+    """The model's result, ledger snapshot, releases and revocations per event."""
     model = Model()
-    codes, snapshots, releases = [], [], []
+    codes, snapshots, releases, revocations = [], [], [], []
     for i, event in enumerate(events):
         codes.append(model.apply(event))
         snapshot = model.snapshot()
-        for pid, (_, balances, _) in snapshot.items():  # SPEC §3 holds in the model by construction, or it is wrong
+        for pid, (_, balances, _, _) in snapshot.items():  # SPEC §3 holds in the model by construction, or it is wrong
             for dim, b in balances.items():
                 assert min(b.values()) >= 0, f"{label}, event {i}: the MODEL broke SPEC §3 on {pid}/{dim}: {b}"
         snapshots.append(snapshot)
         releases.append(sorted(model.releases))
-    return codes, snapshots, releases
+        revocations.append(list(model.revocations))
+    return codes, snapshots, releases, revocations
 
 
 def observed(view, want: dict) -> dict:
@@ -388,7 +448,9 @@ def observed(view, want: dict) -> dict:
             kids[cid] = (c["state"], c["attempt_id"], c["lease_generation"],
                          {d: c["consumed"].get(d, 0) for d in dims},
                          {d: c["reserved"].get(d, 0) - c["consumed"].get(d, 0) for d in dims})
-        snapshot[pid] = (parent["status"], balances, kids)
+        loans = {loan["loan_id"]: (loan["state"] == "open", loan["revocation_requested"], loan["usage"])
+                 for loan in parent["loans"]}
+        snapshot[pid] = (parent["status"], balances, kids, loans)
     return snapshot
 
 
@@ -409,13 +471,15 @@ def describe(got: dict, want: dict) -> str:
         for cid in sorted(set(g[2]) | set(w[2])):
             if g[2].get(cid) != w[2].get(cid):
                 lines.append(f"  {pid}/{cid}: fold  {g[2].get(cid)}\n  {pid}/{cid}: model {w[2].get(cid)}")
+        if g[3] != w[3]:
+            lines.append(f"  {pid} loans: fold  {g[3]}\n  {pid} loans: model {w[3]}")
     return "\n".join(lines)
 
 
 def check_events(events: list[dict], label: str, chaos_seed: int | None = None) -> None:
     """Fold `events` and compare with the model after every event; with `chaos_seed`, checkpoint and crash
     the store at random between events (a crash resumes from the last checkpoint)."""
-    codes, snapshots, releases = expected(events, label)
+    codes, snapshots, releases, revocations = expected(events, label)
     codec = default_codec()
     store = MemoryStore()
     chaos = random.Random(chaos_seed) if chaos_seed is not None else None
@@ -425,13 +489,15 @@ def check_events(events: list[dict], label: str, chaos_seed: int | None = None) 
     committed, batch = Outputs(), Outputs()
     resume_at, i, crashes = 0, 0, 0
     while i < len(events):
-        before = len(batch.releases)
+        before, asked_before = len(batch.releases), len(batch.revocations)
         result = fold.apply(events[i], i, batch)
         where = f"{label}, event {i}: {events[i]}"
         assert result["result"] == codes[i], f"{where}\nfold: {result['result']} {result['detail']}, model: {codes[i]}"
         got_releases = sorted((r["parent_id"], r["child_id"] or "", r["dimension"], r["quantity"], r["destination"])
                               for r in batch.releases[before:])
         assert got_releases == releases[i], f"{where}\nreleases: fold {got_releases}\n          model {releases[i]}"
+        got_asked = [(r["parent_id"], r["loan_id"]) for r in batch.revocations[asked_before:]]
+        assert got_asked == revocations[i], f"{where}\nrevocations: fold {got_asked}\n             model {revocations[i]}"
         got = observed(fold.view, snapshots[i])
         assert got == snapshots[i], f"{where}\n{describe(got, snapshots[i])}"
         i += 1
@@ -451,6 +517,8 @@ def check_events(events: list[dict], label: str, chaos_seed: int | None = None) 
     keys = [r["release_key"] for r in committed.releases]
     twice = sorted({k for k in keys if keys.count(k) > 1})
     assert not twice, f"{label}: release keys emitted more than once (SPEC §10): {twice}"
+    asked = [r["revocation_key"] for r in committed.revocations]
+    assert len(asked) == len(set(asked)), f"{label}: a loan was asked back twice (SPEC §9)"
 
 
 def check_seed(seed: int, length: int = 400) -> None:

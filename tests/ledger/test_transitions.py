@@ -64,6 +64,33 @@ def closed(L: Ledger) -> None:
     assert L.send("ParentClosed", outcome="succeeded") == "ok"
 
 
+def lending(L: Ledger) -> None:
+    """A parent of 100 tokens lending at most 40, with child A reserved (20): 80 available."""
+    L.tick(T0)
+    assert L.open_parent(lending_limit={"tokens": 40}) == "ok"
+    assert L.reserve("A") == "ok"
+
+
+def lent(L: Ledger) -> None:
+    """`lending`, and two loans out: L1 (20 tokens), then L2 (15): 45 available, 35 lent."""
+    lending(L)
+    assert L.lend("L1", 20) == "ok"
+    assert L.lend("L2", 15) == "ok"
+
+
+def recalled(L: Ledger) -> None:
+    """`lent`, and a sibling B of 50 tokens waiting for L2 to come back (L2 asked back)."""
+    lent(L)
+    assert L.reserve("B", tokens=50) == "awaiting_revocation"
+
+
+def lent_closing(L: Ledger) -> None:
+    """`lent`, A activated, then the parent closed: both loans asked back, 45 went to the pool."""
+    lent(L)
+    assert L.activate("A") == "ok"
+    assert L.send("ParentClosed", outcome="succeeded") == "ok"
+
+
 def usage(L: Ledger, tokens: int, report: str = "r", final: bool = False, attempt: str = "A1", generation: int = 1,
           child: str = "A") -> str:
     return L.send("UsageReported", child_id=child, attempt_id=attempt, lease_generation=generation,
@@ -318,6 +345,86 @@ ROWS = [
         dict(returned_to_pool=100)),
     Row("parent closed with unknown outcome", fresh, lambda L: L.send("ParentClosed", outcome="meh"),
         "invalid_event", dict(available=100)),
+    # LoanRequested (explicit borrowing)
+    Row("loan within the limit", lending, lambda L: L.lend("L1", 30), "ok",
+        dict(available=50, outstanding=20, lent=30), "reserved"),
+    Row("loan from a parent that lends nothing", reserved, lambda L: L.lend("L1", 5), "lending_not_allowed",
+        dict(available=80, lent=0)),
+    Row("loan of a dimension without a limit", lambda L: (L.tick(T0), L.open_parent(gpus=4, lending_limit={"tokens": 40})),
+        lambda L: L.lend("L1", tokens=5, gpus=1), "lending_not_allowed", dict(available=100, lent=0)),
+    Row("loan beyond the limit", lent, lambda L: L.lend("L3", 6), "exceeds_lending_limit",
+        dict(available=45, lent=35)),
+    Row("loan up to the limit", lent, lambda L: L.lend("L3", 5), "ok", dict(available=40, lent=40)),
+    Row("loan beyond available", lambda L: (lending(L), L.reserve("B", tokens=70)), lambda L: L.lend("L1", 20),
+        "exceeds_available", dict(available=10, outstanding=90, lent=0)),
+    Row("loan beyond both the limit and available: the limit first",
+        lambda L: (lending(L), L.reserve("B", tokens=70)), lambda L: L.lend("L1", 41), "exceeds_lending_limit",
+        dict(available=10, lent=0)),
+    Row("loan of a dimension the parent lacks", lending,
+        lambda L: L.send("LoanRequested", key="P/loan/L1/request", loan_id="L1", borrower="b",
+                         quantities={"cpu": 1}), "invalid_event", dict(available=80, lent=0)),
+    Row("loan of nothing", lending, lambda L: L.lend("L1", 0), "invalid_event", dict(available=80, lent=0)),
+    Row("loan under another key", lending,
+        lambda L: L.send("LoanRequested", key="P/L1", loan_id="L1", borrower="b", quantities={"tokens": 1}),
+        "invalid_event", dict(available=80, lent=0)),
+    Row("loan redelivered", lent, lambda L: L.lend("L1", 20), "duplicate", dict(available=45, lent=35)),
+    Row("loan id reused with another payload", lent, lambda L: L.lend("L1", 5), "idempotency_conflict",
+        dict(available=45, lent=35)),
+    Row("loan of an unknown parent", lambda L: L.tick(T0), lambda L: L.lend("L1", 5), "unknown_parent", {}),
+    Row("loan while a loan is recalled for a sibling", recalled, lambda L: L.lend("L3", 5),
+        "awaiting_revocation", dict(available=45, lent=35)),
+    Row("loan on a closing parent", lent_closing, lambda L: L.lend("L3", 1), "parent_closed",
+        dict(available=0, lent=35, returned_to_pool=45)),
+    Row("loan on an expired parent", lambda L: (lent(L), L.tick(T0 + 3_600_001)), lambda L: L.lend("L3", 1),
+        "parent_closed", dict(available=0, lent=35)),
+    # ChildReserved against lent capacity
+    Row("sibling covered by available and lent: revocation", lent, lambda L: L.reserve("B", tokens=50),
+        "awaiting_revocation", dict(available=45, outstanding=20, lent=35)),
+    Row("sibling beyond available and lent", lent, lambda L: L.reserve("B", tokens=81), "exceeds_available",
+        dict(available=45, lent=35)),
+    Row("sibling within available while loans are out", lent, lambda L: L.reserve("B", tokens=45), "ok",
+        dict(available=0, outstanding=65, lent=35)),
+    Row("sibling retried after the loan came back", lambda L: (recalled(L), L.return_loan("L2", tokens=0)),
+        lambda L: L.reserve("B", tokens=50), "ok", dict(available=10, outstanding=70, lent=20)),
+    # LoanReturned
+    Row("loan returned unused", lent, lambda L: L.return_loan("L2"), "ok",
+        dict(available=60, lent=20, committed=0)),
+    Row("loan returned with usage", lent, lambda L: L.return_loan("L2", tokens=5), "ok",
+        dict(available=55, lent=20, committed=5)),
+    Row("loan returned fully used", lent, lambda L: L.return_loan("L2", tokens=15), "ok",
+        dict(available=45, lent=20, committed=15)),
+    Row("loan overrun drawn from available", lent, lambda L: L.return_loan("L2", tokens=25), "ok",
+        dict(available=35, lent=20, committed=25, overdrawn=0)),
+    Row("loan overrun beyond the parent", lambda L: (lent(L), L.reserve("B", tokens=45)),
+        lambda L: L.return_loan("L2", tokens=18), "overdrawn",
+        dict(available=0, lent=20, committed=18, overdrawn=3)),
+    Row("loan returned twice", lambda L: (lent(L), L.return_loan("L2", tokens=5)),
+        lambda L: L.return_loan("L2", tokens=5), "duplicate", dict(available=55, lent=20, committed=5)),
+    Row("loan returned again with other usage", lambda L: (lent(L), L.return_loan("L2", tokens=5)),
+        lambda L: L.return_loan("L2", tokens=1), "idempotency_conflict", dict(available=55, lent=20, committed=5)),
+    Row("unknown loan returned", lent, lambda L: L.return_loan("L9"), "unknown_loan", dict(available=45, lent=35)),
+    Row("return of a loan that was refused", lambda L: (lending(L), L.lend("L1", 41)),
+        lambda L: L.return_loan("L1"), "unknown_loan", dict(available=80, lent=0)),
+    Row("loan returned naming a dimension the parent lacks", lent,
+        lambda L: L.send("LoanReturned", key="P/loan/L1/return", loan_id="L1", usage={"cpu": 1}), "invalid_event",
+        dict(available=45, lent=35)),
+    Row("loan returned on a closing parent: the remainder to the pool", lent_closing,
+        lambda L: L.return_loan("L1", tokens=5), "ok",
+        dict(available=0, outstanding=20, lent=15, committed=5, returned_to_pool=60)),
+    Row("last loan returned on a closing parent: it closes", lambda L: (
+        lent_closing(L), complete(L, 20), L.return_loan("L1", tokens=5)),
+        lambda L: L.return_loan("L2"), "ok",
+        dict(available=0, outstanding=0, lent=0, committed=25, returned_to_pool=75)),
+    Row("loan returned to a closed parent", lambda L: (
+        lent_closing(L), complete(L, 20), L.return_loan("L1"), L.return_loan("L2")),
+        lambda L: L.send("LoanReturned", key="P/loan/L3/return", loan_id="L3", usage={}), "parent_closed",
+        dict(lent=0, committed=20, returned_to_pool=80)),
+    # ParentClosed and parent expiry with loans out
+    Row("parent closed with loans out stays closing", lambda L: (lent(L), L.activate("A")),
+        lambda L: L.send("ParentClosed", outcome="succeeded"), "ok",
+        dict(available=0, outstanding=20, lent=35, returned_to_pool=45), "activated"),
+    Row("parent lease expiry with loans out", lent, lambda L: L.tick(T0 + 3_600_001), "ok",
+        dict(available=0, outstanding=0, lent=35, returned_to_pool=65), "released"),
     # Tick
     Row("tick advances time", fresh, lambda L: L.tick(T0 + 1), "ok", dict(available=100)),
     Row("tick behind ledger time", fresh, lambda L: L.tick(T0 - 1), "stale_tick", dict(available=100)),

@@ -50,6 +50,10 @@ TYPICAL_EVENTS = [
     {"type": "ParentClosed", "event_id": "e16", **COMMON, "outcome": "succeeded"},
     {"type": "Tick", "event_id": "e17", "idempotency_key": "tick/0/1764410461000", "parent_id": "",
      "occurred_at_ms": 1764410400130, "now_ms": 1764410461000},
+    {"type": "LoanRequested", "event_id": "e18", "idempotency_key": "wf-42/loan/L1/request", "parent_id": "wf-42",
+     "occurred_at_ms": 1764410400140, "loan_id": "L1", "borrower": "batch-7", "quantities": {"tokens": 10}},
+    {"type": "LoanReturned", "event_id": "e19", "idempotency_key": "wf-42/loan/L1/return", "parent_id": "wf-42",
+     "occurred_at_ms": 1764410400150, "loan_id": "L1", "usage": {"tokens": 4}},
 ]
 BY_TYPE = {event["type"]: event for event in TYPICAL_EVENTS}
 
@@ -291,7 +295,7 @@ def test_decode_event_rejects_a_record_that_is_not_an_event(codec):
 
 
 def test_type_tuples_name_every_schema_once(codec):
-    assert len(EVENT_TYPES) == 17
+    assert len(EVENT_TYPES) == 19
     assert sorted(ALL_TYPES) == sorted(codec.names)
     assert sorted(event["type"] for event in TYPICAL_EVENTS) == sorted(EVENT_TYPES)
 
