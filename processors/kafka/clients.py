@@ -219,6 +219,23 @@ class BranchEventProducer:
     def parent_closed(self, parent_id, *, outcome, idempotency_key, occurred_at_ms, event_id=None):
         return self._send("ParentClosed", parent_id, idempotency_key, occurred_at_ms, event_id, outcome=outcome)
 
+    # Explicit borrowing: a loan's events carry the loan's own idempotency keys (the default here; another key is
+    # answered `invalid_event`).
+
+    def loan_requested(self, parent_id, *, loan_id, borrower, quantities, occurred_at_ms, idempotency_key=None,
+                       event_id=None):
+        return self._send("LoanRequested", parent_id, idempotency_key or loan_key(parent_id, loan_id, "request"),
+                          occurred_at_ms, event_id, loan_id=loan_id, borrower=borrower, quantities=quantities)
+
+    def loan_returned(self, parent_id, *, loan_id, usage, occurred_at_ms, idempotency_key=None, event_id=None):
+        return self._send("LoanReturned", parent_id, idempotency_key or loan_key(parent_id, loan_id, "return"),
+                          occurred_at_ms, event_id, loan_id=loan_id, usage=usage)
+
+
+def loan_key(parent_id: str, loan_id: str, verb: str) -> str:
+    """The idempotency key of a loan's request (`verb` "request") or return ("return")."""
+    return f"{parent_id}/loan/{loan_id}/{verb}"
+
 
 _NOT_READY = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
                         KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT})

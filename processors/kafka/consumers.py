@@ -1,11 +1,12 @@
 """The consumer side: what a downstream service (a scheduler, a quota service) uses to act on what the
 processor committed.
 
-Typed records. `capacity-releases` carries two kinds of record, told apart by the writer schema in each
-record's header: `CapacityReleased` (one released quantity of one dimension, unique by `release_key`) and
-`ParentSettled` (one per closed parent: it has no `child_id`, no `release_key`). `settlement-results` carries
-`SettlementResult`, one per input event and one per processor tick. `decode_output` turns a record's bytes
-into one of the three dataclasses (`UndecodableOutput` for anything else), so a handler matches on the type
+Typed records. `capacity-releases` carries three kinds of record, told apart by the writer schema in each
+record's header: `CapacityReleased` (one released quantity of one dimension, unique by `release_key`),
+`ParentSettled` (one per closed parent: it has no `child_id`, no `release_key`) and `LoanRevocationRequested`
+(a parent asks a borrower to return a loan: once per loan, unique by `revocation_key`). `settlement-results`
+carries `SettlementResult`, one per input event and one per processor tick. `decode_output` turns a record's
+bytes into one of the four dataclasses (`UndecodableOutput` for anything else), so a handler matches on the type
 (`match record: case CapacityReleased(): ...`) instead of reading keys that one kind lacks.
 
 `SettlementConsumer` reads in a consumer group with `isolation.level=read_committed` (only what a committed
@@ -198,6 +199,43 @@ class SettlementResult:
         return {name: getattr(self, name) for name in _RESULT_FIELDS}
 
 
+@dataclass(frozen=True, eq=True)
+class LoanRevocationRequested:
+    """The parent asks the borrower of loan `loan_id` to return it (topic capacity-releases, keyed by the parent
+    id like the releases): `reason` is `sibling_needs_capacity` (a sibling's reservation, `child_id`, was
+    `awaiting_revocation`), `parent_closed` or `parent_expired`. At most one per loan; it releases nothing
+    itself: the borrower's `LoanReturned` does, with its usage. Unique by `revocation_key`."""
+    kind: ClassVar[str] = "LoanRevocationRequested"
+    revocation_key: str
+    parent_id: str
+    loan_id: str
+    borrower: str
+    quantities: dict[str, int]
+    reason: str
+    idempotency_key: str
+    triggering_event_id: str
+    triggering_event_type: str
+    child_id: str
+    input_partition: int
+    input_offset: int
+    ledger_time_ms: int
+    source: Source | None = field(default=None, compare=False)
+
+    def __hash__(self) -> int:  # `quantities` is a dict; a loan is asked back once
+        return hash((self.kind, self.revocation_key))
+
+    @property
+    def dedupe_key(self) -> str:
+        """The revocation key, `<parent_id>/loan/<loan_id>/revocation`: unique on the topic (no release key
+        ends so, nor `/settled`)."""
+        return self.revocation_key
+
+    def to_record(self) -> dict[str, Any]:
+        record = {name: getattr(self, name) for name in _REVOCATION_FIELDS}
+        record["quantities"] = dict(self.quantities)
+        return record
+
+
 def _record_fields(cls) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls) if f.name != "source")
 
@@ -205,10 +243,12 @@ def _record_fields(cls) -> tuple[str, ...]:
 _RELEASE_FIELDS = _record_fields(CapacityReleased)
 _SETTLED_FIELDS = _record_fields(ParentSettled)
 _RESULT_FIELDS = _record_fields(SettlementResult)
+_REVOCATION_FIELDS = _record_fields(LoanRevocationRequested)
 
-ReleaseRecord = Union[CapacityReleased, ParentSettled]
-SettlementRecord = Union[CapacityReleased, ParentSettled, SettlementResult]
-RECORD_TYPES: dict[str, type] = {cls.kind: cls for cls in (CapacityReleased, ParentSettled, SettlementResult)}
+ReleaseRecord = Union[CapacityReleased, ParentSettled, LoanRevocationRequested]
+SettlementRecord = Union[CapacityReleased, ParentSettled, LoanRevocationRequested, SettlementResult]
+RECORD_TYPES: dict[str, type] = {cls.kind: cls for cls in (CapacityReleased, ParentSettled, LoanRevocationRequested,
+                                                           SettlementResult)}
 
 
 def from_record(kind: str, record: Mapping[str, Any], source: Source | None = None) -> SettlementRecord:
@@ -224,6 +264,10 @@ def from_record(kind: str, record: Mapping[str, Any], source: Source | None = No
         return ParentSettled(**values, source=source)
     if kind == "SettlementResult":
         return SettlementResult(**{name: record[name] for name in _RESULT_FIELDS}, source=source)
+    if kind == "LoanRevocationRequested":
+        values = {name: record[name] for name in _REVOCATION_FIELDS}
+        values["quantities"] = dict(record["quantities"])
+        return LoanRevocationRequested(**values, source=source)
     raise UndecodableOutput(f"{_where(source)}: a {kind} record, not one of {', '.join(RECORD_TYPES)}",
                             source=source)
 

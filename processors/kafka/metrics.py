@@ -39,6 +39,18 @@ class Metrics:
                               "Capacity held in pending by stranded children (their reconciliation timed out at "
                               "the ledger time; only ReconciliationResolved frees it), by dimension",
                               ["dimension"], registry=r)
+        self.lent = Gauge("settle_lent_capacity",
+                          "Capacity lent to other workloads by the open loans of each parent that lent and is not "
+                          "closed, by parent and dimension (explicit borrowing)", ["parent_id", "dimension"],
+                          registry=r)
+        self.loans_open = Gauge("settle_loans_open", "Loans of the owned partitions' parents not yet returned",
+                                registry=r)
+        self.revocations_outstanding = Gauge(
+            "settle_loan_revocations_outstanding",
+            "Open loans the processor asked back (LoanRevocationRequested) whose borrower has not returned them yet",
+            registry=r)
+        self.revocations = Counter("settle_loan_revocations",
+                                   "Loans asked back (LoanRevocationRequested) in committed checkpoints", registry=r)
         self.lease_expiries = Counter("settle_lease_expiries",
                                       "Leases that expired in committed checkpoints: kind child (a live child "
                                       "went to expired, then reconciling) or parent (an open parent expired)",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from branch_settlement.processors.ledger.fold import Fold
 from branch_settlement.processors.ledger.outputs import DEAD_LETTER_TOPIC, OUTPUT_ROUTES, Outputs
-from branch_settlement.projections import keys
+from branch_settlement.projections import keys, model
 from branch_settlement.projections.store import RocksStore
 from branch_settlement.projections.view import LedgerView
 from branch_settlement.schemas.codec import Codec
@@ -79,6 +79,11 @@ class PartitionTask:
         # Set by a checkpoint that failed because one of this partition's records was too large to produce.
         self.too_large: str | None = None
         self.last_tick_ms = 0
+        # For the metrics, from the committed ledger: per parent that lent and is not closed, what its open loans
+        # hold (`lent` per dimension), how many are open and how many of those were asked back; and how many
+        # loans committed checkpoints asked back since the last `take_revocations_asked`.
+        self.loans: dict[str, dict] = {}
+        self._revocations_asked = 0
         self.capacity = self._capacity_from_store()
 
     def has_work(self) -> bool:
@@ -163,8 +168,35 @@ class PartitionTask:
     def _capacity_from_store(self) -> dict[tuple[str, str], int]:
         totals: dict[tuple[str, str], int] = {}
         for _, raw in self.store.scan(keys.prefix(keys.PARENT)):
-            self._add(totals, self.codec.decode(raw)[1], 1)
+            parent = self.codec.decode(raw)[1]
+            self._add(totals, parent, 1)
+            self._track_loans(parent, count=False)
         return totals
+
+    def _track_loans(self, parent: dict, count: bool = True) -> None:
+        before = self.loans.pop(parent["parent_id"], None)
+        loans = parent.get("loans")
+        if not loans:
+            return
+        lent: dict[str, int] = {}
+        open_loans = outstanding = asked = 0
+        for loan in loans:
+            asked += loan["revocation_requested"]
+            if loan["state"] == model.LOAN_OPEN:
+                open_loans += 1
+                outstanding += loan["revocation_requested"]
+                for dim, quantity in loan["quantities"].items():
+                    lent[dim] = lent.get(dim, 0) + quantity
+        if count:
+            self._revocations_asked += asked - (before["asked"] if before else 0)
+        if parent["status"] != model.PARENT_CLOSED:  # a closed parent never changes again
+            self.loans[parent["parent_id"]] = {"lent": lent, "open": open_loans, "outstanding": outstanding,
+                                               "asked": asked}
+
+    def take_revocations_asked(self) -> int:
+        """Loans asked back by the checkpoints committed since the last call."""
+        asked, self._revocations_asked = self._revocations_asked, 0
+        return asked
 
     @staticmethod
     def _add(totals: dict, parent: dict, sign: int) -> None:
@@ -182,7 +214,9 @@ class PartitionTask:
             if old is not None:
                 self._add(self.capacity, self.codec.decode(old)[1], -1)
             if value is not None:
-                self._add(self.capacity, self.codec.decode(value)[1], 1)
+                parent = self.codec.decode(value)[1]
+                self._add(self.capacity, parent, 1)
+                self._track_loans(parent)
 
 
 def delete_store(state_dir: str, group_id: str, partition: int) -> None:

@@ -11,7 +11,6 @@ microsecond per changed record more; `update_gauges` then sums a few small dicts
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
@@ -120,11 +119,36 @@ def update_gauges(metrics: Metrics, tasks: Iterable[PartitionTask], consumer: Co
     _export(metrics, "capacity", metrics.capacity, open_only)
     _export(metrics, "capacity_all_parents", metrics.capacity_all_parents, every)
     _export(metrics, "stranded", metrics.stranded, {(dim,): n for dim, n in stranded.items()})
+    _export_loans(metrics, tasks)
     metrics.owned_partitions.set(len(owned))
     for partition in [p for p in metrics.partition_stats if p not in owned]:
         del metrics.partition_stats[partition]
         for gauge in (metrics.ledger_time, metrics.lag, metrics.stopped, metrics.restore_records):
             _remove(gauge, str(partition))
+
+
+def _export_loans(metrics: Metrics, tasks: Iterable[PartitionTask]) -> None:
+    """Explicit borrowing: lent capacity per parent and dimension (a series per parent with a loan open, removed
+    once none is: parents come and go), loans open, revocations outstanding, and the loans asked back since."""
+    lent: dict[tuple[str, str], int] = {}
+    open_loans = outstanding = asked = 0
+    for task in tasks:
+        asked += task.take_revocations_asked()
+        for parent_id, entry in task.loans.items():
+            open_loans += entry["open"]
+            outstanding += entry["outstanding"]
+            for dim, quantity in entry["lent"].items():
+                if entry["open"]:
+                    lent[(parent_id, dim)] = quantity
+    for labels, value in lent.items():
+        metrics.lent.labels(*labels).set(value)
+    for labels in metrics.exported.get("lent", set()) - lent.keys():
+        _remove(metrics.lent, *labels)
+    metrics.exported["lent"] = set(lent)
+    metrics.loans_open.set(open_loans)
+    metrics.revocations_outstanding.set(outstanding)
+    if asked > 0:
+        metrics.revocations.inc(asked)
 
 
 def _add(totals: dict, values: dict) -> None:
@@ -431,17 +455,20 @@ def _state(data: bytes, pos: int) -> str:
 # -- librdkafka statistics ------------------------------------------------------------------------------------
 
 
-def with_client_statistics(config: ProcessorConfig, metrics: Metrics, input_topic: str,
-                           interval_ms: int = STATISTICS_INTERVAL_MS) -> ProcessorConfig:
-    """The processor's config with librdkafka statistics on (statistics.interval.ms, unless its settings name
-    one; 0 leaves them off) and delivered to a ClientStatistics for `metrics`."""
+def client_statistics(config: ProcessorConfig, metrics: Metrics, input_topic: str,
+                      interval_ms: int = STATISTICS_INTERVAL_MS) -> dict:
+    """The settings that turn librdkafka's statistics on for one client, delivered to a ClientStatistics for
+    `metrics` (statistics.interval.ms, unless the processor's settings name one; 0, or a stats_cb of the user's
+    own, leaves them as set): {} when off. For the group consumer and the transactional producer only: theirs
+    are the reports the metrics read; in the settings every client shares, the restore's consumer and the
+    AdminClients would report too, for nothing. (What made statistics abort the process was a call inside a
+    rebalance callback: decision 20.)"""
     if "stats_cb" in config.kafka:
-        return config
+        return {}
     interval = str(config.kafka.get("statistics.interval.ms", interval_ms))
     if interval.strip() in ("", "0"):
-        return config
-    kafka = {**config.kafka, "statistics.interval.ms": interval, "stats_cb": ClientStatistics(metrics, input_topic)}
-    return dataclasses.replace(config, kafka=kafka)
+        return {}
+    return {"statistics.interval.ms": interval, "stats_cb": ClientStatistics(metrics, input_topic)}
 
 
 class ClientStatistics:
