@@ -16,6 +16,11 @@
 #     KAFKA_CLUSTER_ID): a broker can then crash while its controller stays up, as in a production cluster.
 #     The fault suite needs that (docs/faults.md, finding 2); development and CI use one combined node.
 #   KAFKA_CLUSTER_ID [random]: the cluster id to format new storage with.
+#   KAFKA_NODE_ID [1 for combined and controller, 2 for broker]: this node's node.id.
+#   KAFKA_QUORUM_VOTERS [1@127.0.0.1:KAFKA_CONTROLLER_PORT]: controller.quorum.voters, for a quorum of several
+#     controllers (the fault suite's replicated cluster: faults/cluster.py).
+#   KAFKA_EXTRA_CONFIG [none]: a properties file whose settings replace or add to deploy/server.properties'
+#     (e.g. replication factors for a cluster of several brokers).
 #
 # The data directory survives `down`, so topics survive a restart. `rm -rf .run/kafka` (when stopped) starts over.
 set -euo pipefail
@@ -38,6 +43,14 @@ case $ROLE in combined | controller | broker) ;; *)
     exit 2
     ;;
 esac
+if [[ $ROLE == broker ]]; then NODE_ID=${KAFKA_NODE_ID:-2}; else NODE_ID=${KAFKA_NODE_ID:-1}; fi
+readonly NODE_ID
+readonly QUORUM_VOTERS=${KAFKA_QUORUM_VOTERS:-}
+readonly EXTRA_CONFIG=${KAFKA_EXTRA_CONFIG:-}
+if [[ -n $EXTRA_CONFIG && ! -r $EXTRA_CONFIG ]]; then
+    echo "kafka: KAFKA_EXTRA_CONFIG names $EXTRA_CONFIG, which cannot be read." >&2
+    exit 2
+fi
 readonly UP_TIMEOUT_S=${KAFKA_UP_TIMEOUT_S:-90}
 readonly STOP_TIMEOUT_S=${KAFKA_STOP_TIMEOUT_S:-30}
 readonly CACHE_DIR=${KAFKA_CACHE_DIR:-$REPO_DIR/.cache/kafka}
@@ -147,24 +160,40 @@ require_port_free() {
 role_lines() {
     case $ROLE in
     controller)
-        printf '%s\n' "process.roles=controller" "node.id=1" "listeners=CONTROLLER://127.0.0.1:$CONTROLLER_PORT"
+        printf '%s\n' "process.roles=controller" "node.id=$NODE_ID" "listeners=CONTROLLER://127.0.0.1:$CONTROLLER_PORT"
         ;;
     broker)
-        printf '%s\n' "process.roles=broker" "node.id=2" "listeners=PLAINTEXT://127.0.0.1:$PORT" \
+        printf '%s\n' "process.roles=broker" "node.id=$NODE_ID" "listeners=PLAINTEXT://127.0.0.1:$PORT" \
             "advertised.listeners=PLAINTEXT://127.0.0.1:$PORT" "inter.broker.listener.name=PLAINTEXT"
         ;;
+    combined)
+        [[ -z ${KAFKA_NODE_ID:-} ]] || printf '%s\n' "node.id=$NODE_ID"
+        ;;
     esac
+    [[ -z $QUORUM_VOTERS ]] || printf '%s\n' "controller.quorum.voters=$QUORUM_VOTERS"
+}
+
+# The keys that role_lines and KAFKA_EXTRA_CONFIG set, as an extended regex of 'key=' line starts: the
+# template's lines for them are left out, so every key appears once in the written config.
+overridden_keys() {
+    {
+        [[ $ROLE == combined ]] || printf '%s=\n' process.roles node.id listeners advertised.listeners \
+            inter.broker.listener.name
+        role_lines
+        [[ -z $EXTRA_CONFIG ]] || grep -vE '^\s*(#|$)' "$EXTRA_CONFIG"
+    } | sed -n 's/^\s*\([^=[:space:]]*\)\s*=.*/\1/p' | sed 's/\./\\./g' | paste -sd'|' -
 }
 
 write_config() {
     mkdir -p "$DATA_DIR"
+    local keys
+    keys=$(overridden_keys)
     {
         sed -e "s|@PORT@|$PORT|g" -e "s|@CONTROLLER_PORT@|$CONTROLLER_PORT|g" -e "s|@DATA_DIR@|$DATA_DIR|g" \
             "$DEPLOY_DIR/server.properties" |
-            if [[ $ROLE == combined ]]; then cat; else
-                grep -vE '^(process\.roles|node\.id|listeners|advertised\.listeners|inter\.broker\.listener\.name)='
-            fi
+            if [[ -z $keys ]]; then cat; else grep -vE "^($keys)=" || true; fi
         role_lines
+        [[ -z $EXTRA_CONFIG ]] || grep -vE '^\s*(#|$)' "$EXTRA_CONFIG"
     } >"$CONFIG_FILE"
 }
 

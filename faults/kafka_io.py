@@ -61,9 +61,13 @@ class Topics:
     names: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def create(cls, bootstrap: str, label: str, partitions: int) -> "Topics":
+    def create(cls, bootstrap: str, label: str, partitions: int,
+               replication_factor: int = topics_mod.BROKER_DEFAULT_REPLICATION_FACTOR) -> "Topics":
+        """`replication_factor` as `settle topics apply --replication-factor` takes it (the broker's default
+        unless given); a replicated cluster passes 3, and the drift check then verifies it."""
         prefix = f"faults.{label}.{uuid.uuid4().hex[:8]}."
-        spec = topics_mod.load_spec(topics_mod.DEFAULT_SPEC_PATH, prefix=prefix, partitions=partitions)
+        spec = topics_mod.load_spec(topics_mod.DEFAULT_SPEC_PATH, prefix=prefix, partitions=partitions,
+                                    replication_factor=replication_factor)
         admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
         reports = topics_mod.apply(admin, spec, timeout_s=ADMIN_TIMEOUT_S)
         if topics_mod.has_drift(reports):
@@ -148,6 +152,9 @@ class ContinuousReader(threading.Thread):
         self.tick_time: dict[int, int] = {}  # partition -> ledger time of its last committed tick
         self.progress: list[tuple[float, int]] = [(time.monotonic(), 0)]
         self.errors: list[str] = []
+        # (topic, partition) -> [(offset, digest of key and value)] of every record seen committed: on a
+        # replicated cluster each must still be there, the same, at the end (R2).
+        self.seen: dict[tuple[str, int], list[tuple[int, bytes]]] = defaultdict(list)
         self._next: dict[tuple[str, int], int] = {}
         self._halt = threading.Event()
         self._lock = threading.Lock()
@@ -171,6 +178,7 @@ class ContinuousReader(threading.Thread):
                         self.refetched += 1
                         continue
                     self._next[where] = message.offset() + 1
+                    self.seen[where].append((message.offset(), record_digest(message.key(), message.value())))
                     try:
                         record = codec.decode(message.value())[1]
                     except CodecError:  # the I5 marker, written at the very end
@@ -221,6 +229,14 @@ class ContinuousReader(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self.join(30)
+
+
+def record_digest(key: bytes | None, value: bytes | None) -> bytes:
+    digest = hashlib.blake2b(digest_size=12)
+    digest.update(b"%d:" % len(key or b""))
+    digest.update(key or b"")
+    digest.update(value or b"")
+    return digest.digest()
 
 
 def free_port() -> int:

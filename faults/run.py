@@ -22,13 +22,17 @@ from pathlib import Path
 
 from faults import sim
 from faults.kafka_io import REPO, OwnBroker, broker_answers
+from faults.cluster import ReplicatedCluster
 from faults.netns import run_in_namespace
+from faults.replicated import REPLICATED, run_replicated
 from faults.report import write_reports
 from faults.scenarios import SHARED_BROKER, STALL_S, Run, Size, broker_bounce
 
-ORDER = (*SHARED_BROKER, "broker_bounce", "network_blackhole")
-FULL = {"events": 100_000, "partitions": 8, "sim_runs": 5_000, "outages_s": (5, 15, 30)}
-QUICK = {"events": 5_000, "partitions": 4, "sim_runs": 1_000, "outages_s": (5, 12)}
+ORDER = (*SHARED_BROKER, "broker_bounce", "network_blackhole", *REPLICATED)
+# The replicated cluster's scenarios run `seeds` times each (seed, seed + 100, ...), on one cluster that the
+# run starts once (and starts again only if it cannot be healed) and tears down at the end.
+FULL = {"events": 100_000, "partitions": 8, "sim_runs": 5_000, "outages_s": (5, 15, 30), "seeds": 3}
+QUICK = {"events": 5_000, "partitions": 4, "sim_runs": 1_000, "outages_s": (5, 12), "seeds": 1}
 WORK = REPO / ".run" / "faults"
 
 
@@ -43,11 +47,44 @@ def keep_broker_log(broker: OwnBroker, run_dir: Path) -> None:
             shutil.copyfile(log, run_dir / f"kafka-{role}.log")
 
 
+class SharedCluster:
+    """The replicated cluster of one `faults.run`: started on first use, started anew if a scenario left it
+    beyond healing, torn down by close()."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.cluster: ReplicatedCluster | None = None
+        self.generation = 0
+
+    def get(self) -> ReplicatedCluster:
+        if self.cluster is not None:
+            try:
+                self.cluster.up()
+                return self.cluster
+            except Exception as exc:  # noqa: BLE001 - a fresh cluster instead
+                print(f"faults: the replicated cluster could not be healed ({exc}); starting a new one", flush=True)
+                self.close()
+        self.generation += 1
+        self.cluster = ReplicatedCluster(self.work / f"replicated-cluster-{self.generation}")
+        shutil.rmtree(self.cluster.run_dir, ignore_errors=True)
+        return self.cluster
+
+    def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.ensure_stopped()
+            if not os.environ.get("FAULTS_KEEP_BROKER_DATA"):
+                shutil.rmtree(self.cluster.run_dir, ignore_errors=True)
+            self.cluster = None
+
+
 def run_scenario(name: str, seed: int, size: Size, outages_s: tuple, work: Path, stall_s: float = STALL_S,
-                 hard_bounces: int = 2) -> dict:
+                 hard_bounces: int = 2, cluster: SharedCluster | None = None) -> dict:
+    """One scenario; a replicated one on `cluster` when given (else on a cluster of its own)."""
     started = time.monotonic()
     try:
-        if name == "network_blackhole":
+        if name in REPLICATED:
+            report = run_replicated(name, seed, size, work, cluster.get() if cluster else None, stall_s=stall_s)
+        elif name == "network_blackhole":
             report = run_in_namespace(work / name, seed, size.events, size.partitions, outages_s, stall_s)
         elif name == "broker_bounce":
             broker = OwnBroker(work / name / "kafka")
@@ -92,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help=f"comma-separated scenarios of {', '.join(ORDER)}, or sim")
     parser.add_argument("--seed", type=int, default=7000, help="base seed; scenario i uses seed + i")
     parser.add_argument("--events", type=int, help="events per scenario (overrides the size)")
+    parser.add_argument("--seeds", type=int, help="runs of each replicated-cluster scenario (full: 3, quick: 1)")
     parser.add_argument("--out", default=str(REPO / "faults"), help="where report.json and report.md go")
     parser.add_argument("--merge", action="store_true",
                         help="replace only the chosen scenarios in an existing report.json (the rest is kept)")
@@ -99,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = dict(QUICK if args.quick else FULL)
     if args.events:
         sizes["events"] = args.events
+    if args.seeds:
+        sizes["seeds"] = args.seeds
     chosen = [n for n in args.only.split(",") if n] or [*ORDER, "sim"]
     unknown = set(chosen) - set(ORDER) - {"sim"}
     if unknown:
@@ -110,13 +150,19 @@ def main(argv: list[str] | None = None) -> int:
     commit_at_start = git_commit()
     scenarios = []
     size = Size(sizes["events"], sizes["partitions"])
-    for i, name in enumerate(n for n in ORDER if n in chosen):
-        print(f"faults: {name} ({size.events} events, {size.partitions} partitions, seed {args.seed + i}) ...",
-              flush=True)
-        report = run_scenario(name, args.seed + i, size, tuple(sizes["outages_s"]), WORK)
-        scenarios.append(report)
-        print(f"faults: {name}: {'OK' if report.get('ok') else 'FAILED'} in {report['wall_s']} s"
-              + (f" ({report['error']})" if report.get("error") else ""), flush=True)
+    cluster = SharedCluster(WORK)
+    try:
+        for i, name in enumerate(n for n in ORDER if n in chosen):
+            for k in range(sizes["seeds"] if name in REPLICATED else 1):
+                seed = args.seed + i + 100 * k
+                print(f"faults: {name} ({size.events} events, {size.partitions} partitions, seed {seed}) ...",
+                      flush=True)
+                report = run_scenario(name, seed, size, tuple(sizes["outages_s"]), WORK, cluster=cluster)
+                scenarios.append(report)
+                print(f"faults: {name}: {'OK' if report.get('ok') else 'FAILED'} in {report['wall_s']} s"
+                      + (f" ({report['error']})" if report.get("error") else ""), flush=True)
+    finally:
+        cluster.close()
     simulation = None
     if "sim" in chosen:
         print(f"faults: simulation ({sizes['sim_runs']} seeded runs) ...", flush=True)
@@ -138,10 +184,19 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.merge and (Path(args.out) / "report.json").exists():
         previous = json.loads((Path(args.out) / "report.json").read_text())
-        fresh = {s["scenario"]: s for s in scenarios}
-        for s in fresh.values():
+        # Every earlier entry of a scenario that ran again is replaced by its new entries (one per seed), in place.
+        fresh: dict[str, list] = {}
+        for s in scenarios:
             s["rerun"] = f"rerun alone at {document['git_commit']} (--merge)"
-        document["scenarios"] = [fresh.pop(s["scenario"], s) for s in previous["scenarios"]] + list(fresh.values())
+            fresh.setdefault(s["scenario"], []).append(s)
+        merged = []
+        for s in previous["scenarios"]:
+            if s["scenario"] not in fresh:
+                merged.append(s)
+            elif not any(m["scenario"] == s["scenario"] for m in merged):
+                merged.extend(fresh[s["scenario"]])
+        named = {m["scenario"] for m in merged}
+        document["scenarios"] = merged + [s for s in scenarios if s["scenario"] not in named]
         document["simulation"] = simulation or previous.get("simulation")
         document["wall_s"] = previous["wall_s"]
         document["git_commit"] = previous["git_commit"]

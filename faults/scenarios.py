@@ -17,6 +17,7 @@ import shutil
 import signal
 import statistics
 import subprocess
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -40,7 +41,8 @@ TAIL_AFTER_MS = SHORT_LEASE_MS + 500
 # Faults after which the processor that recovers is a new process (recovery ends at its first commit).
 RESTART_FAULTS = frozenset({"processor_kill_9", "processor_sigterm", "crash_after_produce", "crash_after_send_offsets",
                             "crash_after_commit", "crash_mid_restore", "projection_directory_deleted",
-                            "projection_partition_deleted", "zombie_paused", "watchdog"})
+                            "projection_partition_deleted", "zombie_paused", "watchdog",
+                            "processor_kill_9_in_rebalance"})
 
 
 @dataclass
@@ -83,25 +85,64 @@ class Run:
     main_done_at: float | None = None  # wall-clock time its last result was seen
     tail_published_s: float | None = None  # monotonic time the tail was published
     tail_wait_s: float = 0.0  # from the main part's last result to the tail's publication: idle by design
+    replication_factor: int = -1  # the topics' (-1: the broker's default); the replicated cluster's is 3
+    input_parts: int = 1  # the main stream published in this many parts (publish_next)
+    input_pending: list = field(default_factory=list)
+    publisher: threading.Thread | None = None
+    publisher_error: Exception | None = None
 
     # -- setup and teardown -----------------------------------------------------------------------------
 
     def setup(self) -> "Run":
         shutil.rmtree(self.work_dir, ignore_errors=True)
         self.work_dir.mkdir(parents=True)
-        self.topics = Topics.create(self.bootstrap, self.name.replace("_", "-"), self.size.partitions)
+        self.topics = Topics.create(self.bootstrap, self.name.replace("_", "-"), self.size.partitions,
+                                    replication_factor=self.replication_factor)
         workload = build(self.seed, self.size.events)
         stream = for_system_clock(workload)
         self.faults.update(workload.adversity)
         self.faults["leases_shortened_for_late_reports"] += stream.short_leases
         t0 = time.monotonic()
-        self.main_expected = publish(stream.main, self.bootstrap, self.topics.name("branch-events"))
+        # In `input_parts` contiguous parts (in order, so the stream is the same): the first now, the others
+        # by publish_next() as the scenario goes, so that its faults land while the processor has input.
+        size = max(-(-len(stream.main) // max(self.input_parts, 1)), 1)
+        self.input_pending = [stream.main[i:i + size] for i in range(size, len(stream.main), size)]
+        self.main_expected = publish(stream.main[:size], self.bootstrap, self.topics.name("branch-events"))
+        self.main_expected += sum(1 for part in self.input_pending for r in part if not isinstance(r, str))
         self.publish_s = time.monotonic() - t0
         self.tail = stream.tail
         self.expected = self.main_expected + sum(1 for r in self.tail if not isinstance(r, str))
         self.reader = ContinuousReader(self.bootstrap, self.topics)
         self.reader.start()
         return self
+
+    def publish_next(self) -> None:
+        """Publish the next part of the input in the background (the scenario goes on supervising; a broker
+        may be down meanwhile: the producer waits for the new leaders)."""
+        self.join_publisher()
+        if not self.input_pending:
+            return
+        part = self.input_pending.pop(0)
+
+        def send() -> None:
+            t0 = time.monotonic()
+            try:
+                publish(part, self.bootstrap, self.topics.name("branch-events"))
+            except Exception as exc:  # noqa: BLE001 - raised by join_publisher
+                self.publisher_error = exc
+            self.publish_s += time.monotonic() - t0
+
+        self.publisher = threading.Thread(target=send, daemon=True, name="faults-publisher")
+        self.publisher.start()
+
+    def join_publisher(self, timeout_s: float = 300) -> None:
+        if self.publisher is not None:
+            self.publisher.join(timeout_s)
+            if self.publisher.is_alive():
+                raise TimeoutError(f"publishing a part of the input took more than {timeout_s:.0f} s")
+            self.publisher = None
+        if self.publisher_error is not None:
+            raise RuntimeError(f"publishing a part of the input: {self.publisher_error}")
 
     def cleanup(self) -> None:
         for proc in self.processes:
@@ -225,9 +266,13 @@ class Run:
 
     # -- the end ------------------------------------------------------------------------------------------
 
-    def finish(self, final_slot: str, zombie: dict | None = None) -> dict:
+    def finish(self, final_slot: str, zombie: dict | None = None, extra_checks=None) -> dict:
         """Wait for every result with only `final_slot` running (it then owns every partition), stop it
-        cleanly, verify."""
+        cleanly, verify. `extra_checks()`, run once every processor has stopped and before the verifier,
+        returns more invariants ({name: {"ok": ..., "missing": n, "mismatches": n, ...}}): the replicated
+        cluster's (faults/replicated.py)."""
+        while self.input_pending or self.publisher is not None:
+            self.publish_next()
         self.wait_fraction(1.0)
         self.finished = time.monotonic()
         final = self.managed[final_slot]
@@ -240,7 +285,13 @@ class Run:
         for proc in self.processes:
             if proc.alive():
                 proc.stop()
+        extra = extra_checks() if extra_checks is not None else {}
         report = verifier.verify(self.topics, self.state(final_slot), GROUP, reader=self.reader, zombie=zombie)
+        if extra:
+            report["invariants"].update(extra)
+            report["ok"] = report["ok"] and all(v["ok"] for v in extra.values())
+            for counter in ("missing", "mismatches"):
+                report["summary"][counter] += sum(v.get(counter, 0) for v in extra.values())
         return self.report(report)
 
     def _wait_owns_all(self, final: ProcessorProcess, timeout_s: float = 120) -> None:
@@ -282,6 +333,7 @@ class Run:
             # Aborted by the processor, plus the open transactions of killed or crashed processes, which
             # the broker aborted when the next producer with the slot started (or their timeout ran out).
             "transactions_aborted": stats.aborted + self.faults["processor_kill_9"] + stats.crash_points
+            + self.faults["processor_kill_9_in_rebalance"] + self.faults["joiner_kill_9_in_rebalance"]
             + self.faults["watchdog_kill_9_of_stuck_processor"],
             "fencing_errors": stats.fencing_errors,
             "critical_log_lines": stats.critical,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from branch_settlement.processors.kafka.config import ProcessorConfig
 from branch_settlement.processors.kafka.errors import KafkaFailure
@@ -36,10 +36,10 @@ def load_tasks(tasks: dict[int, PartitionTask], committed: list[TopicPartition],
         metrics.stopped.labels(str(tp.partition)).set(0)
 
 
-def input_partition_count(consumer: Consumer, topic: str, timeout_s: float = 10.0) -> int:
-    """How many partitions the input topic has, from the cluster's metadata."""
+def input_partition_count(client: Consumer | Producer, topic: str, timeout_s: float = 10.0) -> int:
+    """How many partitions the input topic has, from the cluster's metadata (asked of any client)."""
     try:
-        metadata = consumer.list_topics(topic, timeout=timeout_s)
+        metadata = client.list_topics(topic, timeout=timeout_s)
     except KafkaException as exc:
         raise KafkaFailure.wrap(f"metadata of {topic}", exc) from None
     found = metadata.topics.get(topic)

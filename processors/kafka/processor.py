@@ -31,8 +31,8 @@ from branch_settlement.processors.kafka.metrics import Metrics
 from branch_settlement.processors.kafka.partition import PartitionTask
 from branch_settlement.processors.kafka.processor_clients import call_timeout_s, new_consumer, new_producer
 from branch_settlement.processors.kafka.recovery import recover
-from branch_settlement.processors.kafka.reporting import (EventCounters, record_checkpoint, record_commit,
-                                                          track_partitions, update_gauges)
+from branch_settlement.processors.kafka.reporting import (EventCounters, client_statistics, record_checkpoint,
+                                                          record_commit, track_partitions, update_gauges)
 from branch_settlement.processors.kafka.stability import StabilityWatch, stall_threshold_s
 from branch_settlement.processors.kafka.ticks import schedule_ticks
 from branch_settlement.projections import view
@@ -60,9 +60,8 @@ class Processor:
         view.set_cache_budget(config.view_cache_mb * 1024 * 1024)
         self.codec = codec or default_codec()
         self.metrics = metrics or Metrics()
-        # librdkafka's statistics (reporting.with_client_statistics) are not turned on: with stats_cb in the
-        # shared settings, a callback came from a thread confluent-kafka does not expect and the process aborted
-        # (confluent_kafka.c CallState_get: Assertion `cs != NULL' failed, in the fault suite's zombie scenario).
+        # librdkafka's statistics, for the group consumer and the producer alone (never the shared settings).
+        self.statistics = client_statistics(config, self.metrics, topics["branch-events"])
         self.clock = clock
         self.tasks: dict[int, PartitionTask] = {}
         self.input_partitions: int | None = None  # the input topic's partition count, from its metadata
@@ -84,10 +83,10 @@ class Processor:
     # -- clients and the group ----------------------------------------------------------------------------
 
     def _new_producer(self) -> Producer:
-        return new_producer(self.config)
+        return new_producer(self.config, self.statistics)
 
     def _subscribe(self) -> None:
-        self.consumer = new_consumer(self.config)
+        self.consumer = new_consumer(self.config, self.statistics)
         self.consumer.subscribe([self.topics["branch-events"]], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
 
@@ -109,9 +108,15 @@ class Processor:
 
     def _partition_count(self, consumer: Consumer) -> int:
         """The input topic's partition count: an event is folded only in its parent's partition of that many
-        (schemas/partitioning.py). It never changes: a change moves parents to other partitions."""
+        (schemas/partitioning.py). It never changes: a change moves parents to other partitions.
+
+        Asked of the producer, never of the group consumer: this runs in the consumer's rebalance callback,
+        inside its consume(), and a call of the same client there that enters librdkafka with confluent-kafka's
+        call state (list_topics does) clears the outer call's state on return; the next callback that consume()
+        serves (a statistics report, a log line) then aborts the process (confluent_kafka.c CallState_get:
+        Assertion `cs != NULL'). Decision 20."""
         try:
-            count = input_partition_count(consumer, self.topics["branch-events"])
+            count = input_partition_count(self.producer, self.topics["branch-events"])
         except KafkaFailure:
             if self.input_partitions is None:
                 raise

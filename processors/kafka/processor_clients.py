@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import time
 
+from collections.abc import Mapping
+
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from branch_settlement.processors.kafka.config import ProcessorConfig
@@ -20,16 +22,18 @@ INIT_ATTEMPTS = 5
 INIT_BACKOFF_S = 2.0
 
 
-def new_producer(config: ProcessorConfig) -> Producer:
+def new_producer(config: ProcessorConfig, extra: Mapping = {}) -> Producer:
     """A transactional producer whose init_transactions fenced every earlier producer with this
     transactional.id and aborted (or completed) its open transaction. Retried while the coordinator is
-    unavailable or the call blocks (after a broker restart), up to INIT_ATTEMPTS times."""
+    unavailable or the call blocks (after a broker restart), up to INIT_ATTEMPTS times. `extra`: settings of
+    this client alone (its statistics, reporting.client_statistics)."""
     timeout_s = config.transaction_timeout_ms / 1000
     for attempt in range(1, INIT_ATTEMPTS + 1):
         check_stuck_budget()
         producer = Producer({**config.client_config(), "transactional.id": config.transactional_id,
                              "enable.idempotence": True, "acks": "all", "linger.ms": 5,
-                             "transaction.timeout.ms": config.transaction_timeout_ms, "compression.type": "lz4"})
+                             "transaction.timeout.ms": config.transaction_timeout_ms, "compression.type": "lz4",
+                             **extra})
         try:
             bounded("init_transactions", producer.init_transactions, timeout_s, timeout_s=timeout_s)
         except TransactionCallStuck as exc:
@@ -56,14 +60,14 @@ def _init_retriable(exc: KafkaException) -> bool:
         err.retriable() or err.code() == KafkaError._TIMED_OUT)
 
 
-def new_consumer(config: ProcessorConfig) -> Consumer:
+def new_consumer(config: ProcessorConfig, extra: Mapping = {}) -> Consumer:
     """A group member that reads committed input only and commits its offsets only inside a checkpoint's
-    transaction (never by itself)."""
+    transaction (never by itself). `extra`: settings of this client alone (its statistics)."""
     return Consumer({**config.client_config(), "group.id": config.group_id, "isolation.level": "read_committed",
                      "enable.auto.commit": False, "enable.auto.offset.store": False,
                      "auto.offset.reset": "earliest", "session.timeout.ms": config.session_timeout_ms,
                      "max.poll.interval.ms": config.max_poll_interval_ms,
-                     "heartbeat.interval.ms": max(config.session_timeout_ms // 5, 100)})
+                     "heartbeat.interval.ms": max(config.session_timeout_ms // 5, 100), **extra})
 
 
 def call_timeout_s(config: ProcessorConfig) -> float:

@@ -21,6 +21,7 @@ from branch_settlement.processors.kafka import reporting
 from branch_settlement.processors.kafka.config import ProcessorConfig
 from branch_settlement.processors.kafka.metrics import Metrics
 from branch_settlement.processors.kafka.partition import PartitionTask
+from branch_settlement.processors.kafka.processor import Processor
 from branch_settlement.projections import keys, model
 from branch_settlement.projections.store import RocksStore
 from branch_settlement.schemas.codec import SCHEMA_DIR, default_codec
@@ -306,19 +307,22 @@ def test_client_statistics_export_the_group_consumer_and_the_transactional_produ
     assert sample(metrics, "settle_kafka_consumer_lag", partition="0") is None
 
 
-def test_with_client_statistics_turns_them_on_unless_told_otherwise() -> None:
+def test_client_statistics_are_on_for_the_group_consumer_and_the_producer_alone() -> None:
+    """Never in the shared settings (the restore consumer's, the AdminClients'): an AdminClient's callbacks run
+    on librdkafka's background thread, where a stats_cb aborts the process."""
     metrics = Metrics()
     config = ProcessorConfig(kafka={"security.protocol": "PLAINTEXT"})
-    on = reporting.with_client_statistics(config, metrics, "branch-events")
-    client = on.client_config()
-    assert client["statistics.interval.ms"] == str(reporting.STATISTICS_INTERVAL_MS)
-    assert isinstance(client["stats_cb"], reporting.ClientStatistics)
-    assert client["security.protocol"] == "PLAINTEXT" and on.worker_slot == config.worker_slot
+    on = reporting.client_statistics(config, metrics, "branch-events")
+    assert on["statistics.interval.ms"] == str(reporting.STATISTICS_INTERVAL_MS)
+    assert isinstance(on["stats_cb"], reporting.ClientStatistics)
+    processor = Processor(config, {"branch-events": "branch-events"}, metrics=metrics)
+    assert set(processor.statistics) == {"statistics.interval.ms", "stats_cb"}
+    assert "stats_cb" not in processor.config.client_config() and "stats_cb" not in processor.config.kafka
     chosen = ProcessorConfig(kafka={"statistics.interval.ms": "2500"})
-    assert reporting.with_client_statistics(chosen, metrics, "x").kafka["statistics.interval.ms"] == "2500"
-    off = ProcessorConfig(kafka={"statistics.interval.ms": "0"})
-    assert reporting.with_client_statistics(off, metrics, "x") is off
-    assert reporting.with_client_statistics(on, metrics, "x") is on  # a stats_cb of its own is kept
+    assert reporting.client_statistics(chosen, metrics, "x")["statistics.interval.ms"] == "2500"
+    assert reporting.client_statistics(ProcessorConfig(kafka={"statistics.interval.ms": "0"}), metrics, "x") == {}
+    own = ProcessorConfig(kafka={"stats_cb": print})
+    assert reporting.client_statistics(own, metrics, "x") == {}  # a stats_cb of the user's own is kept as set
 
 
 # -- the operations files against the registered metrics ------------------------------------------------------
