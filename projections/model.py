@@ -59,6 +59,14 @@ LOAN_RETURNED = "returned"
 # Audit-record states of a loan (a loan's records name no child: their states tell them apart).
 AUDIT_LOAN_OPEN = "loan_open"
 AUDIT_LOAN_RETURNED = "loan_returned"
+# The reason of a release of what a borrower did not use of its loan.
+RELEASE_LOAN_RETURNED = "loan_returned"
+LOAN_AUDIT_STATES = frozenset({AUDIT_LOAN_OPEN, AUDIT_LOAN_RETURNED})
+
+
+def is_loan_audit(audit: dict) -> bool:
+    """Whether an audit record is a loan's (it names no child; its states are a loan's, not the parent's)."""
+    return not audit["child_id"] and audit["new_state"] in LOAN_AUDIT_STATES
 
 # Timer kinds: what a tick passing the deadline does.
 TIMER_CHILD_LEASE = "child_lease"

@@ -13,6 +13,8 @@ EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 ARROW = "→"
 # Where a release that names no child comes from: the parent's unassigned balance.
 PARENT_SOURCE = "parent (available)"
+# Where a release of what a borrower did not use comes from (explicit borrowing).
+LOAN_SOURCE = "loan"
 
 # Balance terms as people read them, in the ledger's order.
 TERM_LABELS = {
@@ -38,6 +40,13 @@ def clock_ms(ms: int) -> str:
     return iso_ms(ms)[11:23]
 
 
+def release_source(rel: dict) -> str:
+    """Where a release comes from, as the tables say it: a child, the parent's available balance, or a loan."""
+    if rel["child_id"]:
+        return who(rel["child_id"], rel["attempt_id"])
+    return LOAN_SOURCE if rel["reason"] == model.RELEASE_LOAN_RETURNED else PARENT_SOURCE
+
+
 def who(child_id: str, attempt_id: str) -> str:
     if not child_id:
         return attempt_id or "-"
@@ -57,6 +66,8 @@ def step_changes(step: Step, before: dict[str, dict[str, int]] | None) -> list[s
     releases with their destination, balance movements, the settlement summary; or why it changed
     nothing (the result's detail)."""
     lines = _transitions(step) + _audit_notes(step)
+    for rec in step.revocations:
+        lines.append(revocation_line(rec))
     for rel in step.releases:
         lines.append(release_line(rel, step.child_id))
     lines += balance_moves(before, step.balances)
@@ -73,13 +84,20 @@ def release_line(rel: dict, step_child_id: str = "") -> str:
     """`release tokens 8 → parent (completed)`; names the child when the step is not about it, and says
     `available` for the parent's unassigned balance."""
     if not rel["child_id"]:
-        source = "available "
+        source = "loan " if rel["reason"] == model.RELEASE_LOAN_RETURNED else "available "
     elif rel["child_id"] != step_child_id:
         source = who(rel["child_id"], rel["attempt_id"]) + " "
     else:
         source = ""
     return (f"release {source}{rel['dimension']} {rel['quantity']} {ARROW} {rel['destination']} "
             f"({rel['reason']})")
+
+
+def revocation_line(rec: dict) -> str:
+    """`asked back loan L1 of batch-7 (tokens 30): sibling_needs_capacity for B`."""
+    held = ", ".join(f"{dim} {q}" for dim, q in sorted(rec["quantities"].items()))
+    why = f"{rec['reason']} for {rec['child_id']}" if rec["child_id"] else rec["reason"]
+    return f"asked back loan {rec['loan_id']} of {rec['borrower']} ({held}): {why}"
 
 
 def plural(count: int, noun: str, nouns: str = "") -> str:
@@ -106,7 +124,7 @@ def _transitions(step: Step) -> list[str]:
     """`D/D1: activated → expired → reconciling (reconciling after lease expiry)`, one line per row."""
     chains: dict[str, list[dict]] = {}
     for audit in step.audits:
-        if audit["prior_state"] != audit["new_state"]:
+        if audit["prior_state"] != audit["new_state"] and not model.is_loan_audit(audit):
             chains.setdefault(audit["child_id"], []).append(audit)
     lines = []
     for child_id, audits in chains.items():
@@ -122,9 +140,13 @@ def _audit_notes(step: Step) -> list[str]:
     """Audit records that changed no state: committed quantities, escalations, renewals."""
     lines = []
     for audit in step.audits:
-        if audit["prior_state"] != audit["new_state"]:
+        loan = model.is_loan_audit(audit)
+        if audit["prior_state"] != audit["new_state"] and not loan:
             continue
-        label = "parent" if audit["child_id"] == PARENT_ROW else who(audit["child_id"], audit["attempt_id"])
+        if loan and audit["dimension"] is None and audit["prior_state"] == audit["new_state"] and step.revocations:
+            continue  # a loan asked back: said by its revocation's line
+        label = "loan" if loan else "parent" if audit["child_id"] == PARENT_ROW else who(audit["child_id"],
+                                                                                         audit["attempt_id"])
         quantity = f" {audit['dimension']} {audit['quantity']}" if audit["dimension"] is not None else ""
         lines.append(f"{label}{quantity}: {audit['note']}")
     return lines

@@ -43,6 +43,8 @@ class Step:
     settled: dict | None
     balances: dict[str, dict[str, int]] | None
     status: str | None
+    loan_id: str = ""  # of a LoanRequested or LoanReturned
+    revocations: list[dict] = field(default_factory=list)  # the loans of the parent this step asked back
 
     @property
     def is_tick(self) -> bool:
@@ -51,7 +53,7 @@ class Step:
     @property
     def quiet(self) -> bool:
         """A tick that changed nothing of this parent."""
-        return self.is_tick and not self.audits and not self.releases and self.settled is None
+        return self.is_tick and not self.audits and not self.releases and self.settled is None and not self.revocations
 
 
 @dataclass
@@ -144,6 +146,26 @@ class History:
     def settled(self) -> dict | None:
         return next((step.settled for step in self.steps if step.settled is not None), None)
 
+    @property
+    def loans(self) -> list[dict]:
+        """The parent's loans at the end (explicit borrowing), oldest first, as the ledger holds them."""
+        return self.parent.get("loans", [])
+
+    @property
+    def revocations(self) -> list[dict]:
+        return [rec for step in self.steps for rec in step.revocations]
+
+    def loan_steps(self, loan_id: str) -> dict[str, Step]:
+        """The applied steps of a loan: "lent" (its LoanRequested), "asked" (the step that asked it back),
+        "returned" (its LoanReturned); absent ones are missing."""
+        found: dict[str, Step] = {}
+        for step in self.steps:
+            if step.loan_id == loan_id and step.result in results.APPLIED:
+                found["lent" if step.event_type == "LoanRequested" else "returned"] = step
+            if any(rec["loan_id"] == loan_id for rec in step.revocations):
+                found["asked"] = step
+        return found
+
 
 def parent_history(inputs: Iterable[Input], parent_id: str, codec: Codec | None = None,
                    partition: int = 0, partitions: int | None = None) -> History:
@@ -171,7 +193,7 @@ def parent_history(inputs: Iterable[Input], parent_id: str, codec: Codec | None 
         names_parent = item.event["parent_id"] == parent_id
         named += names_parent
         step = _step(item.event, result, out, parent_id)
-        if names_parent or step.audits or step.releases or step.settled is not None or (
+        if names_parent or step.audits or step.releases or step.settled is not None or step.revocations or (
                 step.is_tick and result["result"] == results.OK and live_before):
             after = view.parent(parent_id)
             if after is not None:
@@ -205,7 +227,9 @@ def _step(event: dict, result: dict, out: Outputs, parent_id: str) -> Step:
         event_type=event["type"],
         event_id=event["event_id"],
         child_id=event.get("child_id") or "",
-        attempt_id=event.get("attempt_id") or event.get("winner_attempt_id") or event.get("to_attempt_id") or "",
+        # A loan's events name no child: the tables show the loan in the attempt's place.
+        attempt_id=event.get("attempt_id") or event.get("winner_attempt_id") or event.get("to_attempt_id")
+        or (f"loan {event['loan_id']}" if event.get("loan_id") else ""),
         result=result["result"],
         detail=result["detail"],
         audits=[dict(a) for a in out.audits if a["parent_id"] == parent_id],
@@ -213,6 +237,8 @@ def _step(event: dict, result: dict, out: Outputs, parent_id: str) -> Step:
         settled=dict(settled[0]) if settled else None,
         balances=None,
         status=None,
+        loan_id=event.get("loan_id") or "",
+        revocations=[dict(rec) for rec in out.revocations if rec["parent_id"] == parent_id],
     )
 
 
@@ -225,6 +251,8 @@ def _copy_parent(parent: dict) -> dict:
     copied = dict(parent)
     copied["dimensions"] = {dim: dict(balance) for dim, balance in sorted(parent["dimensions"].items())}
     copied["children"] = list(parent["children"])
+    copied["loans"] = [dict(loan, quantities=dict(loan["quantities"]), usage=dict(loan["usage"]))
+                       for loan in parent.get("loans", [])]
     return copied
 
 
@@ -247,6 +275,8 @@ def build_timelines(steps: list[Step], child_order: list[str]) -> dict[str, Time
     for step in steps:
         started: dict[str, list[Segment]] = {}
         for audit in step.audits:
+            if model.is_loan_audit(audit):  # a loan's records name no child: they are not the parent's status
+                continue
             row = rows.setdefault(audit["child_id"], Timeline(audit["child_id"]))
             key = (audit["new_state"], audit["attempt_id"], audit["lease_generation"])
             last = row.segments[-1] if row.segments else None

@@ -13,8 +13,8 @@ from html import escape
 from branch_settlement.processors.ledger import results
 from branch_settlement.processors.audit.chart import (MODES, STACK, STATE_COLOURS, STATE_ORDER, TERM_COLOURS,
                                                       balance_chart, terms_shown, timeline_chart)
-from branch_settlement.processors.audit.format import (PARENT_SOURCE, TERM_LABELS, clock_ms, iso_ms, plural,
-                                                       step_changes, who)
+from branch_settlement.processors.audit.format import (TERM_LABELS, clock_ms, iso_ms, plural, release_source,
+                                                       revocation_line, step_changes, who)
 from branch_settlement.processors.audit.history import PARENT_ROW, History
 from branch_settlement.projections import model
 
@@ -42,6 +42,13 @@ def chart_data(history: History) -> dict:
             }
             for dim, balance in history.dimensions.items()
         },
+        "loans": [
+            {"loan_id": loan["loan_id"], "borrower": loan["borrower"], "quantities": dict(loan["quantities"]),
+             "state": loan["state"], "revocation_requested": loan["revocation_requested"],
+             "usage": dict(loan["usage"]),
+             **{f"{what}_offset": step.offset for what, step in history.loan_steps(loan["loan_id"]).items()}}
+            for loan in history.loans
+        ],
         "timelines": [
             {"child_id": timeline.child_id, "segments": [
                 {"state": s.state, "attempt_id": s.attempt_id, "lease_generation": s.lease_generation,
@@ -67,6 +74,7 @@ def render_html(history: History, *, source: str = "") -> str:
         _charts(history),
         _timeline(history),
         _balances(history),
+        _loans(history),
         _events(history),
         _releases(history),
         _footer(history, source),
@@ -154,6 +162,40 @@ def _balances(history: History) -> str:
             f"<th>dimension</th><th>kind</th>{head}</tr></thead><tbody>{rows}</tbody></table></section>")
 
 
+def _quantities(quantities: dict) -> str:
+    return ", ".join(f"{dim} {q}" for dim, q in sorted(quantities.items())) or "nothing"
+
+
+def _at(step) -> str:
+    return f'offset {step.offset} ({escape(iso_ms(step.ledger_time_ms))})' if step is not None else "-"
+
+
+def _loans(history: History) -> str:
+    """Explicit borrowing: every loan of the parent, when it was lent, asked back and returned."""
+    loans = history.loans
+    if not loans:
+        return ""
+    rows = []
+    for loan in loans:
+        steps = history.loan_steps(loan["loan_id"])
+        asked = steps.get("asked")
+        asked_why = next((revocation_line(rec) for rec in (asked.revocations if asked else ())
+                          if rec["loan_id"] == loan["loan_id"]), "")
+        returned = steps.get("returned")
+        rows.append(
+            f'<tr><th>{escape(loan["loan_id"])}</th><td>{escape(loan["borrower"])}</td>'
+            f'<td>{escape(_quantities(loan["quantities"]))}</td><td>{_at(steps.get("lent"))}</td>'
+            f'<td>{_at(asked)}{"<br>" + escape(asked_why) if asked_why else ""}</td>'
+            f'<td>{_at(returned)}</td>'
+            f'<td>{escape(_quantities(loan["usage"])) if returned else "-"}</td>'
+            f'<td>{_pill(loan["state"], "ok" if loan["state"] == model.LOAN_RETURNED else "open")}</td></tr>')
+    return (f'<section class="card loans"><h2>Loans</h2><p class="sub">capacity lent to other workloads under the '
+            f'parent\'s lending limit; a loan asked back is returned by its borrower, with what it used</p>'
+            f'<table class="grid-table"><thead><tr><th>loan</th><th>borrower</th><th>lent</th><th>lent at</th>'
+            f'<th>asked back</th><th>returned at</th><th>used</th><th>state</th></tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></section>')
+
+
 def _result_kind(code: str) -> str:
     if code == results.OK:
         return "ok"
@@ -187,7 +229,7 @@ def _releases(history: History) -> str:
         return '<section class="card"><h2>Releases</h2><p class="sub">none</p></section>'
     rows = "".join(
         f'<tr><td class="num">{rel["input_offset"]}</td><td class="time">{escape(iso_ms(rel["ledger_time_ms"]))}</td>'
-        f'<td>{escape(who(rel["child_id"], rel["attempt_id"]) if rel["child_id"] else PARENT_SOURCE)}</td>'
+        f'<td>{escape(release_source(rel))}</td>'
         f'<td>{escape(rel["dimension"])}</td><td class="num">{rel["quantity"]}</td>'
         f'<td>{_pill(rel["destination"], "pool" if rel["destination"] == model.DESTINATION_POOL else "parent")}'
         f'</td><td>{escape(rel["reason"])}</td></tr>' for rel in releases)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Callable
 
 from branch_settlement.processors.ledger import results
-from branch_settlement.processors.audit.format import ARROW, PARENT_SOURCE, applied, iso_ms, plural, step_changes, who
+from branch_settlement.processors.audit.format import (ARROW, applied, iso_ms, plural, release_source, step_changes,
+                                                       who)
 from branch_settlement.processors.audit.history import History, Step
 from branch_settlement.processors.replay.report import balance_table
 
@@ -121,7 +122,7 @@ def _releases(history: History, paint: _Painter) -> list[str]:
     if not releases:
         return [paint("Releases", "bold"), "  (none)"]
     rows = [[str(rel["input_offset"]), iso_ms(rel["ledger_time_ms"]),
-             who(rel["child_id"], rel["attempt_id"]) if rel["child_id"] else PARENT_SOURCE,
+             release_source(rel),
              rel["dimension"], str(rel["quantity"]), rel["destination"], rel["reason"]]
             for rel in releases]
     headings = ["offset", "ledger time", "from", "dimension", "quantity", "destination", "reason"]

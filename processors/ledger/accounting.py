@@ -328,7 +328,7 @@ def return_loan(ctx: EventContext, view: LedgerView, parent: dict, loan: dict, u
         left = quantity - within
         if left:
             balance[target] += left
-            ctx.release(parent, None, dim, left, where, "loan_returned")
+            ctx.release(parent, None, dim, left, where, model.RELEASE_LOAN_RETURNED)
     loan["state"] = model.LOAN_RETURNED
     loan["usage"] = {dim: used for dim, used in sorted(usage.items()) if used}
     ctx.audit(parent_id, None, model.AUDIT_LOAN_OPEN, model.AUDIT_LOAN_RETURNED,
