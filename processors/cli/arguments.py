@@ -48,4 +48,15 @@ def add_kafka_command(parser: argparse.ArgumentParser) -> None:
     add_topic_names(parser)
 
 
-__all__ = ["add_config", "add_kafka", "add_topic_names", "add_group", "add_state_dir", "add_kafka_command"]
+__all__ = ["add_config", "add_kafka", "add_topic_names", "add_group", "add_state_dir", "add_kafka_command",
+           "add_progress"]
+
+
+def add_progress(parser: argparse.ArgumentParser) -> None:
+    """--progress / --no-progress: the long commands' progress on stderr (processors/crosscheck/progress.py)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--progress", dest="progress", action="store_const", const="bar", default="auto",
+                       help="show a progress bar on stderr even when it is not a terminal (default: a bar on a "
+                            "terminal; elsewhere a plain line every few seconds)")
+    group.add_argument("--no-progress", dest="progress", action="store_const", const="off",
+                       help="show no progress at all")

@@ -75,6 +75,7 @@ def add_parser(commands) -> None:
     from branch_settlement.processors.cli import arguments
 
     arguments.add_kafka_command(p)
+    arguments.add_progress(p)
     p.set_defaults(run=run_audit)
 
 
@@ -133,7 +134,11 @@ def _inputs(args: argparse.Namespace, codec, path: str | None, name: str):
         every_partition = readers.partitions_of(client, topic)
         count = len(every_partition)
         partitions = [args.partition] if args.partition is not None else every_partition
-        by_partition = readers.read_folded_inputs(client, names, partitions, codec)
+        from branch_settlement.processors.crosscheck.progress import Progress
+
+        total = sum(high - low for high, low in readers.input_bounds(client, topic, partitions).values())
+        with Progress(total, unit="records", verb="read", mode=args.progress) as progress:
+            by_partition = readers.read_folded_inputs(client, names, partitions, codec, progress)
         source = topic
     for partition, items in by_partition.items():
         if any(item.event is not None and item.event["parent_id"] == args.parent_id for item in items):

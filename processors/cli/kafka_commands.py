@@ -97,6 +97,7 @@ def add_produce(commands) -> None:
                     "the exit code is then 1.")
     p.add_argument("file", help="JSON Lines file of events; - for standard input")
     arguments.add_kafka_command(p)
+    arguments.add_progress(p)
     p.set_defaults(run=_produce)
 
 
@@ -108,6 +109,7 @@ def _produce(args: argparse.Namespace) -> int:
 
 
 def _produce_path(args: argparse.Namespace, path: str) -> int:
+    from branch_settlement.processors.crosscheck.progress import Progress, count_lines
     from branch_settlement.processors.kafka.clients import TICK_NOT_PRODUCIBLE, BranchEventProducer
     from branch_settlement.processors.ledger.validation import validate
     from branch_settlement.processors.replay.replayer import read_jsonl
@@ -118,18 +120,23 @@ def _produce_path(args: argparse.Namespace, path: str) -> int:
                                    topic_names(args.topic_prefix, args.topic_spec)["branch-events"], codec)
     partitions = producer.partitions()
     sent, rejected = 0, 0
-    for item in read_jsonl(path, codec):
-        # Refused here what the processor would refuse (the fold's own validation): an orchestrator learns it now.
-        reason = item.reason if item.event is None else validate(item.event)
-        if reason is None and item.event["type"] == "Tick":
-            reason = TICK_NOT_PRODUCIBLE
-        if reason is not None:
-            rejected += 1
-            print(f"line {item.line}: not sent: {reason}", file=sys.stderr)
-            continue
-        producer.publish(item.event)
-        sent += 1
-    producer.flush()
+    # the file's lines, as far as read (events sent and lines refused), on stderr
+    with Progress(count_lines(path), unit="lines", verb="sent", mode=args.progress) as progress:
+        for item in read_jsonl(path, codec):
+            if (sent + rejected) % 1000 == 0:
+                progress.update(item.line - 1)
+            # Refused here what the processor would refuse (the fold's own validation): an orchestrator learns it now.
+            reason = item.reason if item.event is None else validate(item.event)
+            if reason is None and item.event["type"] == "Tick":
+                reason = TICK_NOT_PRODUCIBLE
+            if reason is not None:
+                rejected += 1
+                progress.write(f"line {item.line}: not sent: {reason}")
+                continue
+            producer.publish(item.event)
+            sent += 1
+        producer.flush()
+        progress.complete()
     print(f"published {sent} events to {producer.topic} ({len(partitions)} partitions)"
           + (f"; {rejected} lines not sent" if rejected else ""))
     return 1 if rejected else 0

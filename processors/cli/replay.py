@@ -54,6 +54,7 @@ def add_parsers(commands) -> None:
                    help="processes replaying side by side (default: one per core; 1: all in this process): the "
                         "partitions of --topic and of export files (at most one process per partition), the "
                         "parents of a JSON Lines file of 1 MB or more (in shards, merged into one fold's output)")
+    arguments.add_progress(p)
     p.set_defaults(run=run_replay)
 
     e = commands.add_parser(
@@ -65,6 +66,7 @@ def add_parsers(commands) -> None:
     e.add_argument("-o", "--output", required=True, metavar="FILE.avro")
     e.add_argument("--topic", default="branch-events", metavar="NAME", help="logical topic name (default %(default)s)")
     _add_topic_arguments(e)
+    arguments.add_progress(e)
     e.set_defaults(run=run_export)
 
 
@@ -80,6 +82,16 @@ def _partitions(value: str | None) -> list[int] | None:
         return sorted({int(x) for x in value.split(",")})
     except ValueError:
         raise SettlementError(f"--partitions {value!r}: expected numbers separated by commas") from None
+
+
+def _counting(items, progress, every: int = 1000):
+    """`items`, telling `progress` of them by thousands (and of the rest at the end)."""
+    n = 0
+    for n, item in enumerate(items, start=1):
+        yield item
+        if n % every == 0:
+            progress(every)
+    progress(n % every)
 
 
 def _time_ms(value: str) -> int:
@@ -119,32 +131,44 @@ def _replay_path(args: argparse.Namespace, path: str) -> int:
     from branch_settlement.projections.store import RocksStore
     from branch_settlement.schemas.codec import default_codec
 
+    from branch_settlement.processors.crosscheck.progress import Progress, count_lines
+
     codec = default_codec()
     if export_format.is_export(path):
         # partitions folded side by side (one process per core); each sends back its part of the output
+        with Progress(None, unit="records", verb="replayed", mode=args.progress) as progress:
+            if args.json:
+                parts = partitioned.replay_export(path, codec, lambda p, result, store:
+                                                  partitioned.partition_document(p, result, store, codec), args.jobs,
+                                                  progress)
+            else:
+                parts = partitioned.replay_export(path, codec, lambda p, result, store:
+                                                  _summary(p, result, store, codec), args.jobs, progress)
         if args.json:
-            parts = partitioned.replay_export(path, codec, lambda p, result, store:
-                                              partitioned.partition_document(p, result, store, codec), args.jobs)
             sys.stdout.write(json.dumps(partitioned.merge_documents(parts), indent=2, ensure_ascii=False) + "\n")
         else:
-            parts = partitioned.replay_export(path, codec, lambda p, result, store:
-                                              _summary(p, result, store, codec), args.jobs)
             sys.stdout.write("".join(parts.values()))
         return EXIT_AGREES
+    with open(path, "rb") as probe:
+        lines = None if probe.read(4) == b"Obj\x01" else count_lines(path)  # an Avro container: not known
+    progress = Progress(lines, unit="lines" if lines is not None else "records", verb="replayed", mode=args.progress)
     if args.store and os.path.exists(args.store):
         raise SettlementError(f"--store {args.store} already exists: replay folds into a fresh projection")
     if args.store:
         store = RocksStore(args.store)
         try:
             # a large file is decoded by a second process while this one folds
-            result, store = rp.replay(rp.read_events_aside(path, codec), store, codec=codec,
-                                      checkpoint_events=args.checkpoint_events)
+            result, store = rp.replay(_counting(rp.read_events_aside(path, codec), progress), store,
+                                      codec=codec, checkpoint_events=args.checkpoint_events)
             ledger = rp.ledger_snapshot(store, codec)
         finally:
             store.close()
+            progress.finish()
     else:
         # one ledger, folded in parent shards side by side (one process per core): the same bytes out
-        result, ledger = sharded.replay_file(path, codec, args.jobs, args.checkpoint_events)
+        with progress:
+            result, ledger = sharded.replay_file(path, codec, args.jobs, args.checkpoint_events, progress)
+            progress.complete()  # counted by thousands of lines
     if args.json:
         sys.stdout.write(json.dumps(rp.document(result, ledger), indent=2, ensure_ascii=False) + "\n")
     else:
@@ -211,7 +235,7 @@ def _replay_topic(args: argparse.Namespace) -> int:
     live = live_projections(args.live_state_dir, args.group_id) if args.live_state_dir else None
     report = topic_replay.audit_replay(client, names, codec, partitions=partitions, offset_range=(low, high),
                                        live_ledgers=live, jobs=args.jobs, keep_folded=args.json,
-                                       group_id=args.group_id)
+                                       group_id=args.group_id, progress_mode=args.progress)
     if args.json:
         _print_partitioned(report.folded, codec, True, crosscheck=report.as_json())
     rate = report.events / report.seconds if report.seconds else 0
@@ -249,6 +273,7 @@ def _print_lag(report, out) -> None:
 def run_export(args: argparse.Namespace) -> int:
     from branch_settlement.processors.crosscheck import readers
     from branch_settlement.processors.kafka import connection
+    from branch_settlement.processors.crosscheck.progress import Progress
     from branch_settlement.processors.replay import export_format
     from branch_settlement.schemas.codec import default_codec
 
@@ -258,8 +283,11 @@ def run_export(args: argparse.Namespace) -> int:
     topic = names["branch-events"]
     every_partition = readers.partitions_of(client, topic)
     partitions = _partitions(args.partitions) or every_partition
-    folded = readers.read_folded_records(client, names, partitions, codec)
-    records = ((p, item, raw) for p in partitions for item, raw in folded[p])
-    count = export_format.write_export(args.output, records, codec, len(every_partition))
+    total = sum(high - low for high, low in readers.input_bounds(client, topic, partitions).values())
+    with Progress(total, unit="records", verb="read", mode=args.progress) as progress:
+        folded = readers.read_folded_records(client, names, partitions, codec, progress)
+    records = [(p, item, raw) for p in partitions for item, raw in folded[p]]
+    with Progress(len(records), unit="records", verb="written", mode=args.progress) as progress:
+        count = export_format.write_export(args.output, _counting(records, progress), codec, len(every_partition))
     print(f"exported {count:,} records of {topic} partitions {','.join(map(str, partitions))} to {args.output}")
     return 0

@@ -4,7 +4,7 @@ topics' metadata (partitions, leaders) and offsets (watermarks, offsets for a ti
 from __future__ import annotations
 
 import sys
-from typing import Iterable
+from typing import Callable, Iterable
 
 from confluent_kafka import (Consumer, ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException,
                              TopicPartition)
@@ -28,9 +28,11 @@ GROUP_ID = "settle-audit-replay"
 
 
 def read_committed(client_config: dict, topic: str, partitions: Iterable[int], start: dict[int, int] | None = None,
-                   end: dict[int, int] | None = None) -> dict[int, list]:
+                   end: dict[int, int] | None = None, progress: Callable[[int], None] | None = None
+                   ) -> dict[int, list]:
     """Committed records of `topic` per partition: (offset, key, value), from `start` (default: the
-    beginning) up to the end offsets `end` (default: the ends when reading began)."""
+    beginning) up to the end offsets `end` (default: the ends when reading began). `progress(n)`: told of
+    every batch of records read."""
     consumer = Consumer({**client_config, "group.id": GROUP_ID, **READER_SETTINGS})
     try:
         partitions = list(partitions)
@@ -43,6 +45,7 @@ def read_committed(client_config: dict, topic: str, partitions: Iterable[int], s
             return records
         consumer.assign([TopicPartition(topic, p, start.get(p, -2)) for p in pending])
         while pending:
+            kept = 0
             for message in consumer.consume(num_messages=BATCH, timeout=IDLE_WAIT_S):
                 p = message.partition()
                 err = message.error()
@@ -55,8 +58,11 @@ def read_committed(client_config: dict, topic: str, partitions: Iterable[int], s
                     pending.discard(p)
                     continue
                 records[p].append((message.offset(), message.key(), message.value()))
+                kept += 1
                 if message.offset() >= end[p] - 1:
                     pending.discard(p)
+            if progress is not None and kept:
+                progress(kept)
             pending -= reached(consumer, topic, pending, end)
         return records
     except KafkaException as exc:
@@ -105,14 +111,15 @@ def offsets_for_time(client_config: dict, topic: str, partitions: list[int], tim
     return ends
 
 
-def read_folded_records(client_config: dict, names: dict[str, str], partitions: list[int], codec: Codec
+def read_folded_records(client_config: dict, names: dict[str, str], partitions: list[int], codec: Codec,
+                        progress: Callable[[int], None] | None = None
                         ) -> dict[int, list[tuple[Input, bytes | None]]]:
     """What the processor folded, per partition: the committed input records (each with its raw bytes) with
     its ledger ticks merged in where it folded them (processors/replay/replayer.py, merge_ticks; a tick has
-    no raw bytes of its own)."""
+    no raw bytes of its own). `progress(n)`: told of the input records as they are read."""
     topic = names["branch-events"]
     ends = {p: high for p, (high, _) in input_bounds(client_config, topic, partitions).items()}
-    raw = read_committed(client_config, topic, partitions, end=ends)
+    raw = read_committed(client_config, topic, partitions, end=ends, progress=progress)
     ticks = read_ticks(client_config, names["ledger-ticks"], partitions, codec)
     folded = {}
     for p in partitions:
@@ -123,11 +130,11 @@ def read_folded_records(client_config: dict, names: dict[str, str], partitions: 
     return folded
 
 
-def read_folded_inputs(client_config: dict, names: dict[str, str], partitions: list[int], codec: Codec
-                       ) -> dict[int, list[Input]]:
+def read_folded_inputs(client_config: dict, names: dict[str, str], partitions: list[int], codec: Codec,
+                       progress: Callable[[int], None] | None = None) -> dict[int, list[Input]]:
     """`read_folded_records` without the raw bytes."""
     return {p: [item for item, _ in records]
-            for p, records in read_folded_records(client_config, names, partitions, codec).items()}
+            for p, records in read_folded_records(client_config, names, partitions, codec, progress).items()}
 
 
 def read_ticks(client_config: dict, topic: str, partitions: list[int], codec: Codec) -> dict[int, list[Input]]:

@@ -24,7 +24,7 @@ from confluent_kafka.admin import AdminClient
 
 from branch_settlement.processors.crosscheck.diff import DERIVED, compare_live_ledger, compare_partition
 from branch_settlement.processors.crosscheck.pool import process_count, run_shares
-from branch_settlement.processors.crosscheck.progress import Progress
+from branch_settlement.processors.crosscheck.progress import AUTO, Progress
 from branch_settlement.processors.crosscheck.readers import (BATCH, GROUP_ID, IDLE_WAIT_S, READER_SETTINGS,
                                                              committed_offsets, input_bounds, know_leaders, partitions_of,
                                                              read_ticks, stable_ends)
@@ -40,7 +40,7 @@ from branch_settlement.schemas.codec import Codec, CodecError, default_codec
 def audit_replay(client_config: dict, names: dict[str, str], codec: Codec, *, partitions: list[int] | None = None,
                  offset_range: tuple[int, int] = (0, sys.maxsize), live_ledgers=None,
                  store_factory: Callable[[], Store] | None = None, progress_stream=None, jobs: int | None = None,
-                 keep_folded: bool = True, group_id: str | None = None) -> Report:
+                 keep_folded: bool = True, group_id: str | None = None, progress_mode: str = AUTO) -> Report:
     """Re-fold the input topic and compare everything derived with what was committed.
 
     Partitions are independent (each its own ledger and ledger time), so `jobs` processes (default: one per
@@ -66,7 +66,8 @@ def audit_replay(client_config: dict, names: dict[str, str], codec: Codec, *, pa
     if group_id is not None:
         committed = committed_offsets(client_config, group_id, topic, partitions)
         report.lag = {p: Lag(committed[p], bounds[p][0]) for p in partitions}
-    progress = Progress(sum(high - low for high, low in bounds.values()), stream=progress_stream or sys.stderr)
+    progress = Progress(sum(high - low for high, low in bounds.values()), stream=progress_stream or sys.stderr,
+                        mode=progress_mode)
     ends = {p: high for p, (high, _) in bounds.items()}
     job = _Job(client_config, names, order, ends, len(every_partition), offset_range, live_ledgers, keep_folded,
                store_factory, committed)

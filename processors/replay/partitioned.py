@@ -62,17 +62,20 @@ def merge_documents(parts: dict[int, dict]) -> dict:
 
 
 def replay_export(path, codec: Codec, render: Callable[[int, ReplayResult, Store], T],
-                  jobs: int | None = None) -> dict[int, T]:
+                  jobs: int | None = None, progress: Callable[[int], None] | None = None) -> dict[int, T]:
     """Fold each partition of an export file into a fresh in-memory store and `render` it (what is kept of
     a partition: a document, a text). The partitions are independent, so when this process runs a single
     thread, `jobs - 1` forked processes (default: one per core in all) take partitions too, the largest
-    first, and send back what `render` made of them; the file is read once, here."""
+    first, and send back what `render` made of them; the file is read once, here. `progress(n)`: told of
+    the records folded by every process, by thousands (from this process only)."""
     rows = read_export_rows(path)
     count = export_partition_count(path)
     order = sorted(rows, key=lambda p: (-len(rows[p]), p))
+    report = [progress or (lambda n: None)]  # in a forked process: a shared counter instead
 
     def one(p: int) -> T:
-        result, store = replay((export_input(row, codec) for row in rows[p]), MemoryStore(), codec=codec,
+        items = (export_input(row, codec) for row in rows[p])
+        result, store = replay(_counting(items, lambda n: report[0](n)), MemoryStore(), codec=codec,
                                partition=p, partitions=count)
         return render(p, result, store)
 
@@ -83,12 +86,27 @@ def replay_export(path, codec: Codec, render: Callable[[int, ReplayResult, Store
 
     ctx = multiprocessing.get_context("fork")
     next_index = ctx.Value("i", 0)
+    folded = ctx.Value("q", 0, lock=False)  # records folded by the forked processes
+    seen = [0]  # of the forked processes' records, told to progress so far
+
+    def in_worker(n: int) -> None:
+        folded.value += n  # one writer per 1000 records each; a lost update only slows the progress
+
+    def in_this_process(n: int) -> None:
+        theirs = folded.value
+        if progress is not None:
+            progress(n + theirs - seen[0])
+        seen[0] = theirs
 
     def claim() -> int | None:
         with next_index.get_lock():
             i = next_index.value
             next_index.value = i + 1
         return order[i] if i < len(order) else None
+
+    def in_worker_take_all() -> dict[int, T]:
+        report[0] = in_worker
+        return take_all()
 
     def take_all() -> dict[int, T]:
         done = {}
@@ -100,9 +118,10 @@ def replay_export(path, codec: Codec, render: Callable[[int, ReplayResult, Store
     try:
         gc.freeze()  # the forked processes' collector leaves the rows alone: their pages stay shared
         try:
-            start_workers(workers, ctx, lambda send: send_outcome(send, take_all), [()] * (jobs - 1))
+            start_workers(workers, ctx, lambda send: send_outcome(send, in_worker_take_all), [()] * (jobs - 1))
         finally:
             gc.unfreeze()
+        report[0] = in_this_process
         done = take_all()
         gather_workers(workers, done, ReplayError)
         return dict(sorted(done.items()))

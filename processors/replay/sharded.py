@@ -89,8 +89,9 @@ def usable(path: str | os.PathLike, jobs: int | None) -> bool:
 
 
 def fold_shard(path: str | os.PathLike, codec: Codec, shard: int, shards: int,
-               checkpoint_events: int = DEFAULT_CHECKPOINT_EVENTS) -> Part:
-    """Fold shard `shard` of `shards` of a JSON Lines file."""
+               checkpoint_events: int = DEFAULT_CHECKPOINT_EVENTS, progress=None) -> Part:
+    """Fold shard `shard` of `shards` of a JSON Lines file. `progress(n)`: told of every 1000 lines read (every
+    shard reads the whole file, so one shard's lines are the replay's progress)."""
     replayer = Replayer(MemoryStore(), codec=codec, checkpoint_events=checkpoint_events)
     out: Outputs = replayer.result.outputs
     out.timer_marks = marks = []
@@ -98,6 +99,8 @@ def fold_shard(path: str | os.PathLike, codec: Codec, shard: int, shards: int,
     with open(path, "rb") as lines:
         offset = 0
         for number, raw in enumerate(lines, start=1):
+            if progress is not None and number % 1000 == 0:
+                progress(1000)
             if not raw.strip():
                 continue
             offset += 1
@@ -159,15 +162,16 @@ def merge(parts: list[Part]) -> tuple[ReplayResult, dict]:
 
 
 def replay_jsonl(path: str | os.PathLike, codec: Codec, jobs: int | None = None,
-                 checkpoint_events: int = DEFAULT_CHECKPOINT_EVENTS) -> tuple[ReplayResult, dict]:
+                 checkpoint_events: int = DEFAULT_CHECKPOINT_EVENTS, progress=None) -> tuple[ReplayResult, dict]:
     """Fold a JSON Lines file in `jobs` parent shards (default: one per core), this process folding shard 0
-    and forked processes the others; the merged result and ledger (see `merge`)."""
+    and forked processes the others; the merged result and ledger (see `merge`). `progress(n)`: lines read by
+    this process's shard."""
     import multiprocessing
 
     shards = jobs or _cores()
     path = Path(path)
     if shards <= 1:
-        return merge([fold_shard(path, codec, 0, 1, checkpoint_events)])
+        return merge([fold_shard(path, codec, 0, 1, checkpoint_events, progress)])
     ctx = multiprocessing.get_context("fork")
 
     def work(shard: int, send) -> None:
@@ -176,7 +180,7 @@ def replay_jsonl(path: str | os.PathLike, codec: Codec, jobs: int | None = None,
     workers = []
     try:
         start_workers(workers, ctx, work, [(shard,) for shard in range(1, shards)])
-        done = {0: fold_shard(path, codec, 0, shards, checkpoint_events)}
+        done = {0: fold_shard(path, codec, 0, shards, checkpoint_events, progress)}
         gather_workers(workers, done, ReplayError)
         return merge([done[shard] for shard in range(shards)])
     finally:
@@ -184,13 +188,19 @@ def replay_jsonl(path: str | os.PathLike, codec: Codec, jobs: int | None = None,
 
 
 def replay_file(path: str | os.PathLike, codec: Codec, jobs: int | None = None,
-                checkpoint_events: int = DEFAULT_CHECKPOINT_EVENTS) -> tuple[ReplayResult, dict]:
+                checkpoint_events: int = DEFAULT_CHECKPOINT_EVENTS, progress=None) -> tuple[ReplayResult, dict]:
     """What `settle replay FILE` folds (a file that is not an export): in parent shards when `usable`, else in
-    this process with the file decoded by a forked reader; the result and the ledger either way."""
+    this process with the file decoded by a forked reader; the result and the ledger either way.
+    `progress(n)`: told of the lines (or Avro records) read, by thousands."""
     from branch_settlement.processors.replay.replayer import read_events_aside, replay
 
     if usable(path, jobs):
-        return replay_jsonl(path, codec, jobs, checkpoint_events)
-    result, store = replay(read_events_aside(path, codec), MemoryStore(), codec=codec,
+        return replay_jsonl(path, codec, jobs, checkpoint_events, progress)
+    inputs = read_events_aside(path, codec)
+    if progress is not None:
+        from branch_settlement.processors.replay.partitioned import _counting
+
+        inputs = _counting(inputs, progress)
+    result, store = replay(inputs, MemoryStore(), codec=codec,
                            checkpoint_events=checkpoint_events)
     return result, ledger_snapshot(store, codec)

@@ -157,6 +157,7 @@ def test_one_name_per_setting_across_commands() -> None:
             by_dest.setdefault(dest, set()).add(option)
     assert by_dest["topic_spec"] == {"--topic-spec"} and by_dest["acl_spec"] == {"--acl-spec"}
     assert by_dest["config"] == {"--config"} and by_dest["group_id"] == {"--group-id"}
+    assert by_dest.pop("progress") == {"--progress", "--no-progress"}  # a pair, one setting
     shared = {dest: names for dest, names in by_dest.items() if len(names) > 1}
     assert not shared, shared
     visible = {option for _, option, _ in _options(cli_main.build_parser())}
