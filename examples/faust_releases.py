@@ -54,8 +54,9 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from branch_settlement.errors import ConfigError
 from branch_settlement.processors.kafka import connection
-from branch_settlement.processors.kafka.consumers import (CapacityReleased, ParentSettled, SettlementRecord,
-                                                          SqliteSeenKeys, decode_output, encode_output)
+from branch_settlement.processors.kafka.consumers import (CapacityReleased, LoanRevocationRequested, ParentSettled,
+                                                          SettlementRecord, SqliteSeenKeys, decode_output,
+                                                          encode_output)
 from branch_settlement.processors.kafka.errors import UndecodableOutput
 
 log = logging.getLogger("settle.faust")
@@ -194,6 +195,8 @@ def apply_record(store: SqliteSeenKeys, record: SettlementRecord,
                                                                         record.release_key))
         elif isinstance(record, ParentSettled):
             db.execute("INSERT INTO settled_parents VALUES (?, ?)", (record.parent_id, record.outcome))
+        elif isinstance(record, LoanRevocationRequested):
+            pass  # for the borrower: it credits nothing (the loan's return comes as a CapacityReleased)
         else:  # a SettlementResult: not on this topic
             raise ConfigError(f"unexpected {record.kind} on the releases topic")
         if before_commit is not None:

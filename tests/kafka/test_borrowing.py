@@ -245,3 +245,19 @@ def test_loan_metrics_agree_with_a_recount_after_every_checkpoint(tmp_path: Path
     assert again.registry.get_sample_value("settle_loans_open") == metrics.registry.get_sample_value("settle_loans_open")
     store.close()
     assert reached["lent"]
+
+
+@pytest.mark.unit
+def test_the_faust_example_takes_a_revocation_once_and_credits_nothing(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        import faust_releases
+    finally:
+        sys.path.pop(0)
+    revocation = decode_output(default_codec().encode("LoanRevocationRequested", revocation_of_a_fold()))
+    codec = faust_releases.SettlementAvroCodec()
+    assert codec.loads(encode_output(revocation)) == revocation
+    store = faust_releases.open_store(str(tmp_path / "quota.db"))
+    assert faust_releases.apply_record(store, revocation) is True
+    assert faust_releases.apply_record(store, revocation) is False  # deduplicated by its revocation key
+    assert store.connection.execute("SELECT COUNT(*) FROM credited").fetchone() == (0,)
