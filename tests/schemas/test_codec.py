@@ -470,3 +470,29 @@ def test_a_child_record_written_before_earlier_attempts_consumed_reads_with_none
     name, record = default_codec().decode(single_object(SCHEMA_DIR / "history" / "LedgerChild.v1.avsc", old))
     assert name == "LedgerChild"
     assert record == {**old, "earlier_attempts_consumed": {}}
+
+
+def test_a_parent_record_written_before_loans_reads_with_none_and_folds_on() -> None:
+    """A projection or changelog written before borrowing restores: `loans` reads as [], and the parent lends
+    and closes as any other."""
+    from branch_settlement.projections import model
+    old = model.new_parent("P", {"tokens": {"quantity": 100, "kind": "logical"}}, 5,
+                           {"max_live_children": 4, "reconciliation_timeout_ms": 10, "lending_limit": {"tokens": 10}})
+    del old["loans"]
+    data = single_object(SCHEMA_DIR / "history" / "LedgerParent.v1.avsc", old)
+    name, record = default_codec().decode(data)
+    assert name == "LedgerParent"
+    assert record == {**old, "loans": []}
+    from branch_settlement.processors.ledger.fold import Fold
+    from branch_settlement.processors.ledger.outputs import Outputs
+    from branch_settlement.processors.replay.replayer import open_view
+    from branch_settlement.projections import keys
+    from branch_settlement.projections.store import MemoryStore
+    store = MemoryStore()
+    store.write([(keys.parent_key("P"), data)], 0)
+    fold = Fold(open_view(store, default_codec()))
+    loan = default_codec().event_from_json({"type": "LoanRequested", "event_id": "e", "parent_id": "P",
+                                            "idempotency_key": "P/loan/L1/request", "occurred_at_ms": 0,
+                                            "loan_id": "L1", "borrower": "b", "quantities": {"tokens": 10}})
+    assert fold.apply(loan, 0, Outputs())["result"] == "ok"
+    assert fold.view.parent("P")["dimensions"]["tokens"]["lent"] == 10
