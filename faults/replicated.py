@@ -51,7 +51,7 @@ class Faults:
         self.cluster = cluster
         self.count = count
         self.actions: list[dict] = []
-        self.seen_at_faults: list[int] = []  # records the reader had seen committed at each broker fault
+        self.seen_at_faults: list[int] = []  # records the reader had seen committed at each fault
 
     def progress(self) -> float:
         return round(self.run.progress() / max(self.run.expected, 1), 3)
@@ -141,7 +141,7 @@ class Faults:
                 if len(examples) < 5:
                     examples.append(f"{where[0]}[{where[1]}]@{offset} {'changed' if offset in got else 'gone'}")
         return {"ok": checked > 0 and not missing and not changed, "records_checked": checked,
-                "seen_committed_at_each_broker_fault": self.seen_at_faults, "missing": missing,
+                "seen_committed_at_each_fault": self.seen_at_faults, "missing": missing,
                 "mismatches": changed, "examples": examples}
 
 
@@ -253,6 +253,7 @@ def rebalance_kill(run: Run, faults: Faults) -> dict:
     _wait_revoked(run, members, b)
     mid = "assigned partitions" not in _since(a, members["a"][1]).split("revoked partitions")[-1]
     at = faults.progress()
+    faults.mark_seen()
     run.release("a").kill()
     run.fault("processor_kill_9_in_rebalance")
     run.publish_next()
@@ -268,6 +269,7 @@ def rebalance_kill(run: Run, faults: Faults) -> dict:
     revoked_by = _wait_revoked(run, members, c)
     mid = "assigned partitions" not in c.output()
     at = faults.progress()
+    faults.mark_seen()
     run.release("c").kill()
     run.fault("joiner_kill_9_in_rebalance")
     run.publish_next()

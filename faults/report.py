@@ -58,6 +58,14 @@ def markdown(doc: dict) -> str:
         for it in s.get("operator_interventions", []):
             lines.append(f"  - processor {it['slot']} exited {it['exit_code']} refusing a projection ahead of the committed "
                          f"offsets ({it['log']}: `{it['message'][:200]}`); {it['deleted']} deleted as it asks, restarted")
+        for f in (s.get("cluster") or {}).get("faults", []):
+            details = ", ".join(f"{k} {v}" for k, v in f.items() if k not in ("fault", "at_fraction"))
+            lines.append(f"  - {f['fault']} at {f['at_fraction']:.0%} of the results: {details}"[:400])
+        if "R2" in s["invariants"]:
+            r2 = s["invariants"]["R2"]
+            lines.append(f"  - R2: {r2['records_checked']} records seen committed during the run, all still there "
+                         f"unchanged ({r2['missing']} gone, {r2['mismatches']} changed); seen before each fault: "
+                         f"{r2['seen_committed_at_each_fault']}")
         if s["scenario"] == "zombie" and "I6" in s["invariants"]:
             z = s["invariants"]["I6"]
             lines.append(f"  - I6: committed records {z['committed_records_before_resume']} before the zombie "

@@ -64,7 +64,7 @@ def test_transaction_coordinator_killed_under_load(cluster: ReplicatedCluster, t
     layout, survived = report["invariants"]["R1"], report["invariants"]["R2"]
     assert layout["internal_topics"] == ["__consumer_offsets", "__transaction_state"] and layout["isr_whole_at_end"]
     # Records were committed before each kill, and every one of them survived it.
-    seen = survived["seen_committed_at_each_broker_fault"]
+    seen = survived["seen_committed_at_each_fault"]
     assert len(seen) == 2 and 0 < seen[0] < seen[1] <= survived["records_checked"]
     assert survived["missing"] == survived["mismatches"] == 0
     # Each kill landed while the processor had input left to fold, and hit the coordinator it asked for.
