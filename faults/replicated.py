@@ -126,23 +126,29 @@ class Faults:
         for topic in (reader.results_topic, reader.releases_topic):
             for p, records in read_partitions(self.run.bootstrap, topic, decode=False).items():
                 final[(topic, p)] = {offset: record_digest(key, value) for offset, key, value in records}
-        missing = changed = checked = 0
-        examples = []
-        for where, records in list(reader.seen.items()):
-            got = final.get(where, {})
-            for offset, digest in list(records):
-                checked += 1
-                if got.get(offset) == digest:
-                    continue
-                if offset in got:
-                    changed += 1
-                else:
-                    missing += 1
-                if len(examples) < 5:
-                    examples.append(f"{where[0]}[{where[1]}]@{offset} {'changed' if offset in got else 'gone'}")
-        return {"ok": checked > 0 and not missing and not changed, "records_checked": checked,
-                "seen_committed_at_each_fault": self.seen_at_faults, "missing": missing,
-                "mismatches": changed, "examples": examples}
+        return {**compare_seen({k: list(v) for k, v in list(reader.seen.items())}, final),
+                "seen_committed_at_each_fault": self.seen_at_faults}
+
+
+def compare_seen(seen: dict, final: dict) -> dict:
+    """R2 over what the reader saw ((topic, partition) -> [(offset, digest)]) and the final logs ((topic,
+    partition) -> {offset: digest}): every record seen must be there, at its offset, unchanged."""
+    missing = changed = checked = 0
+    examples = []
+    for where, records in seen.items():
+        got = final.get(where, {})
+        for offset, digest in records:
+            checked += 1
+            if got.get(offset) == digest:
+                continue
+            if offset in got:
+                changed += 1
+            else:
+                missing += 1
+            if len(examples) < 5:
+                examples.append(f"{where[0]}[{where[1]}]@{offset} {'changed' if offset in got else 'gone'}")
+    return {"ok": checked > 0 and not missing and not changed, "records_checked": checked, "missing": missing,
+            "mismatches": changed, "examples": examples}
 
 
 # -- the scenarios ------------------------------------------------------------------------------------------

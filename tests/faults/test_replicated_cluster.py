@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from faults.cluster import BROKER_IDS, ReplicatedCluster, java_hash, txn_state_partition
+from faults.replicated import compare_seen
 from faults.run import run_scenario
 from tests.faults.test_fault_scenarios import INJECTED, SIZE, assert_exactly_once
 
@@ -54,6 +55,17 @@ def test_the_coordinator_partition_is_javas_hash() -> None:
     assert java_hash("polygenelubricants") == -(1 << 31)
     assert txn_state_partition("polygenelubricants") == 0
     assert txn_state_partition("abc") == 96354 % 8
+
+
+@pytest.mark.unit
+def test_r2_finds_a_record_gone_or_changed_after_a_failover() -> None:
+    seen = {("r", 0): [(0, b"a"), (1, b"b")], ("r", 1): [(0, b"c")]}
+    assert compare_seen(seen, {("r", 0): {0: b"a", 1: b"b", 2: b"x"}, ("r", 1): {0: b"c"}})["ok"]
+    truncated = compare_seen(seen, {("r", 0): {0: b"a"}, ("r", 1): {0: b"c"}})
+    assert not truncated["ok"] and truncated["missing"] == 1 and truncated["examples"] == ["r[0]@1 gone"]
+    rewritten = compare_seen(seen, {("r", 0): {0: b"a", 1: b"B"}, ("r", 1): {}})
+    assert not rewritten["ok"] and (rewritten["mismatches"], rewritten["missing"]) == (1, 1)
+    assert not compare_seen({}, {})["ok"]  # a reader that saw nothing proves nothing
 
 
 def test_transaction_coordinator_killed_under_load(cluster: ReplicatedCluster, tmp_path: Path) -> None:
