@@ -25,7 +25,9 @@ EXIT_UNAVAILABLE = 2
 
 _ABOUT = """\
 ACLs as code: deploy/acls.json grants each role (producer: the orchestrators; processor: settle run;
-auditor: settle replay --topic and settle export, read-only) only what its commands do, on the topics of
+auditor: settle replay --topic and settle export, read-only; consumer: downstream services reading releases
+and results with SettlementConsumer, in groups prefixed --consumer-group-prefix; waiter: an orchestrator
+waiting for its events' results, publish_and_wait / ResultWaiter) only what its commands do, on the topics of
 deploy/topics.json (with --topic-prefix), the processor's consumer groups (--group-id, and the restore
 consumer's <group>-restore) and its transactional ids (prefixed: TOPIC_PREFIX + TRANSACTIONAL_ID_PREFIX-).
 Run as a principal allowed to manage ACLs (a super user)."""
@@ -79,6 +81,9 @@ def _add_arguments(parser: argparse.ArgumentParser, cluster: bool) -> None:
                                 f"GROUP{acls.RESTORE_GROUP_SUFFIX}")
     parser.add_argument("--transactional-id-prefix", metavar="PREFIX", help=cfg.setting_help("transactional_id_prefix"))
     arguments.add_topic_names(parser)
+    parser.add_argument("--consumer-group-prefix", metavar="PREFIX", default=acls.DEFAULT_CONSUMER_GROUP_PREFIX,
+                        help="the consumer role's consumer groups: every group.id starting with PREFIX, e.g. "
+                             f"{acls.DEFAULT_CONSUMER_GROUP_PREFIX}quota-service (default %(default)s)")
     parser.add_argument("--acl-spec", metavar="FILE",
                         help=f"ACL spec (env {acls.SPEC_ENV}; default: deploy/acls.json, installed with the package)")
     parser.add_argument("--spec", dest="acl_spec", help=argparse.SUPPRESS)  # its old name
@@ -89,7 +94,8 @@ def _resolve(args: argparse.Namespace) -> acls.AclSet:
     spec = topics.load_spec(args.topic_spec or None, prefix=args.topic_prefix)
     principals = {role: getattr(args, role) for role in acls.ROLES if getattr(args, role)}
     return acls.load(args.acl_spec, spec, principals, group_id=args.group_id,
-                     transactional_id_prefix=args.transactional_id_prefix, topic_prefix=args.topic_prefix)
+                     transactional_id_prefix=args.transactional_id_prefix, topic_prefix=args.topic_prefix,
+                     consumer_group_prefix=args.consumer_group_prefix)
 
 
 def run_show(args: argparse.Namespace) -> int:

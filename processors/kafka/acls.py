@@ -1,7 +1,7 @@
 """ACLs as code: load the declarative ACL set (deploy/acls.json), compare it with a cluster, create what is
 missing.
 
-Each role (producer, processor, auditor) grants operations on topics (logical names of the topic spec, so
+Each role (producer, processor, auditor, consumer, waiter) grants operations on topics (logical names of the topic spec, so
 the topic prefix applies), consumer groups and transactional ids. `resolve` turns the spec, the topic spec
 and the principals given to each role into concrete ACLs; `check` compares them with the cluster's, and
 `apply` creates the missing ones. An ALLOW a role's principal has on a resource the spec covers, beyond what
@@ -28,7 +28,10 @@ from branch_settlement.processors.kafka.topics import Spec
 
 SPEC_ENV = "SETTLE_ACL_SPEC"
 DEFAULT_SPEC_PATH = Path(__file__).resolve().parents[2] / "deploy" / "acls.json"
-ROLES = ("producer", "processor", "auditor")
+ROLES = ("producer", "processor", "auditor", "consumer", "waiter")
+# The consumer role's consumer groups: every group.id with this prefix (`--consumer-group-prefix`), e.g.
+# SettlementConsumer(group_id="settle-consumer-quota-service").
+DEFAULT_CONSUMER_GROUP_PREFIX = "settle-consumer-"
 # The restore consumer's group.id is the processor's group id with this suffix (processors/kafka/restore.py).
 RESTORE_GROUP_SUFFIX = "-restore"
 ALL_TOPICS = "*"
@@ -101,11 +104,12 @@ def default_principals() -> dict[str, str]:
 
 def load(path: str | os.PathLike | None, topic_spec: Spec, principals: Mapping[str, Sequence[str]] | None = None,
          group_id: str = "branch-settlement", transactional_id_prefix: str = "branch-settlement",
-         topic_prefix: str = "") -> AclSet:
+         topic_prefix: str = "", consumer_group_prefix: str = DEFAULT_CONSUMER_GROUP_PREFIX) -> AclSet:
     """Read the ACL spec (default deploy/acls.json, or SETTLE_ACL_SPEC) and resolve it: see `resolve`."""
     path = Path(path or os.environ.get(SPEC_ENV) or DEFAULT_SPEC_PATH)
     return resolve(_read(path), topic_spec, principals, group_id=group_id,
-                   transactional_id_prefix=transactional_id_prefix, topic_prefix=topic_prefix, source=str(path))
+                   transactional_id_prefix=transactional_id_prefix, topic_prefix=topic_prefix,
+                   consumer_group_prefix=consumer_group_prefix, source=str(path))
 
 
 def _read(path: Path) -> dict:
@@ -119,7 +123,8 @@ def _read(path: Path) -> dict:
 
 def resolve(document: object, topic_spec: Spec, principals: Mapping[str, Sequence[str]] | None = None, *,
             group_id: str = "branch-settlement", transactional_id_prefix: str = "branch-settlement",
-            topic_prefix: str = "", source: str = "ACL spec") -> AclSet:
+            topic_prefix: str = "", consumer_group_prefix: str = DEFAULT_CONSUMER_GROUP_PREFIX,
+            source: str = "ACL spec") -> AclSet:
     """Concrete ACLs: each grant of each role, for each principal of the role (`principals`, else the
     spec's `principal`), topics named by their physical names in `topic_spec`."""
 
@@ -131,7 +136,8 @@ def resolve(document: object, topic_spec: Spec, principals: Mapping[str, Sequenc
     unknown = sorted(set(document["roles"]) - set(ROLES))
     if unknown:
         raise bad(f"unknown roles {', '.join(unknown)} (the roles are {', '.join(ROLES)})")
-    values = {"group_id": group_id, "transactional_id_prefix": transactional_id_prefix, "topic_prefix": topic_prefix}
+    values = {"group_id": group_id, "transactional_id_prefix": transactional_id_prefix, "topic_prefix": topic_prefix,
+              "consumer_group_prefix": consumer_group_prefix}
     physical = topic_spec.names()
     principals = principals or {}
     acls: list[Acl] = []

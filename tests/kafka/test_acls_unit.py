@@ -69,6 +69,29 @@ def test_the_auditor_reads_every_topic_and_writes_nothing():
     assert {acl.operation for acl in resolved().of_role("auditor")} == {"READ", "DESCRIBE"}
 
 
+def test_the_consumer_reads_releases_and_results_in_its_groups_and_writes_nothing():
+    table = grants(resolved(), "consumer")
+    assert table == {("topic", NAMES["capacity-releases"], "literal"): {"READ", "DESCRIBE"},
+                     ("topic", NAMES["settlement-results"], "literal"): {"READ", "DESCRIBE"},
+                     ("group", acls.DEFAULT_CONSUMER_GROUP_PREFIX, "prefixed"): {"READ", "DESCRIBE"}}
+    custom = grants(resolved(consumer_group_prefix="quota-"), "consumer")
+    assert custom[("group", "quota-", "prefixed")] == {"READ", "DESCRIBE"}
+
+
+def test_the_consumer_apis_group_ids_are_the_ones_granted():
+    """ResultWaiter's group.id is settle-result-waiter-<uuid> (clients.py); SettlementConsumer takes the
+    service's own group_id, which the consumer role grants under its prefix."""
+    source = (REPO / "processors" / "kafka" / "clients.py").read_text()
+    waiter = grants(resolved(), "waiter")
+    [(kind, prefix, pattern)] = [key for key in waiter if key[0] == "group"]
+    assert (kind, pattern) == ("group", "prefixed") and f'"group.id": f"{prefix}{{uuid.uuid4()}}"' in source
+    assert waiter[("group", prefix, "prefixed")] == {"DESCRIBE"}  # it assigns and commits nothing
+    assert waiter[("topic", NAMES["settlement-results"], "literal")] == {"READ", "DESCRIBE"}
+    assert len(waiter) == 2
+    # the producer role itself stays write-only (a waiting orchestrator is given both roles)
+    assert not [acl for acl in resolved().of_role("producer") if acl.operation == "READ"]
+
+
 def test_the_processors_transactional_id_is_in_its_prefix():
     from branch_settlement.processors.kafka.config import ProcessorConfig
 
@@ -106,7 +129,8 @@ def test_no_role_has_a_cluster_acl_or_a_wildcard():
 
 def test_principals_are_the_defaults_or_the_given_ones():
     assert resolved().principals == {"producer": ("User:producer",), "processor": ("User:processor",),
-                                     "auditor": ("User:auditor",)}
+                                     "auditor": ("User:auditor",), "consumer": ("User:consumer",),
+                                     "waiter": ("User:waiter",)}
     both = resolved(principals={"producer": ["User:orchestrator-a", "User:orchestrator-b"]})
     assert {acl.principal for acl in both.of_role("producer")} == {"User:orchestrator-a", "User:orchestrator-b"}
     assert len(both.of_role("producer")) == 4

@@ -374,6 +374,111 @@ def test_each_role_does_its_work_under_its_own_principal(deployment: Deployment,
     assert again.returncode == 0 and "AGREES" in again.stdout, again.stdout + again.stderr
 
 
+def _new_principal(deployment: Deployment, name: str, tmp_path: Path) -> dict:
+    """A SCRAM user made by admin on the running broker (the script makes the first four), and its settings:
+    those of the producer's file with its own name and password."""
+    from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+    password = uuid.uuid4().hex
+    admin = AdminClient({**deployment.broker.client("admin"), "log_level": 0})
+    upsert = UserScramCredentialUpsertion(name, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
+                                          password.encode())
+    for future in admin.alter_user_scram_credentials([upsert], request_timeout=30).values():
+        future.result()
+    config = {**deployment.broker.client("producer"), "sasl.username": name, "sasl.password": password}
+    deadline = time.monotonic() + 30
+    while True:  # the credential reaches the SASL listener asynchronously
+        try:
+            Consumer({**config, "group.id": "probe", "log_level": 0}).list_topics(timeout=5)
+            return config
+        except KafkaException:
+            assert time.monotonic() < deadline, f"the new user {name} is not accepted"
+            time.sleep(0.5)
+
+
+def _metadata_refusal(config: dict, topic: str) -> str:
+    """The broker's answer to a principal asking for a topic's metadata (DESCRIBE, which reading needs)."""
+    consumer = Consumer({**config, "group.id": "metadata", "log_level": 0})
+    try:
+        found = consumer.list_topics(topic, timeout=15).topics[topic]
+        return found.error.name() if found.error is not None else "no error"
+    finally:
+        consumer.close()
+
+
+def _group_refusal(config: dict, topic: str, group: str) -> str:
+    """The error of a consumer joining `group` (subscribing, as SettlementConsumer does)."""
+    consumer = Consumer({**config, "group.id": group, "enable.auto.commit": False, "log_level": 0})
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            for message in consumer.consume(10, 0.5):
+                if message.error() and message.error().code() != KafkaError._PARTITION_EOF:
+                    return message.error().name()
+        return "no error"
+    finally:
+        consumer.close()
+
+
+def test_a_downstream_consumer_and_a_result_waiter_with_their_roles_only(deployment: Deployment, events: Path,
+                                                                         tmp_path):
+    """The consumer role (User:consumer) reads the releases with SettlementConsumer in a group under its
+    prefix and commits; the waiter role (User:waiter) waits for the results of what the producer published.
+    The consumer writes nothing, reads neither the input nor the changelog, and joins no other group."""
+    from branch_settlement.processors.kafka.acls import DEFAULT_CONSUMER_GROUP_PREFIX
+    from branch_settlement.processors.kafka.clients import BranchEventProducer, ResultWaiter
+    from branch_settlement.processors.kafka.consumers import CapacityReleased, SettlementConsumer
+    from branch_settlement.schemas.codec import default_codec
+
+    names = deployment.names
+    consumer_config = {**_new_principal(deployment, "consumer", tmp_path), "log_level": 0}
+    waiter_config = {**_new_principal(deployment, "waiter", tmp_path), "log_level": 0}
+    parent = f"wf-{uuid.uuid4().hex[:8]}"
+    codec = default_codec()
+    batch = [codec.event_from_json(json.loads(line.replace("wf-42", parent)))
+             for line in events.read_text().splitlines() if line.strip()]
+
+    processor = Processor(deployment, tmp_path / "state", tmp_path / "run.log")
+    try:
+        with ResultWaiter(waiter_config, results_topic=names["settlement-results"]) as waiter:
+            expected = waiter.expect(batch)
+            producer = BranchEventProducer({**deployment.broker.client("producer"), "log_level": 0},
+                                           names["branch-events"], codec)
+            for event in batch:
+                producer.publish(event)
+            producer.flush(30)
+            results = waiter.wait(expected, timeout_s=90)
+        assert [r.event_id for r in results] == [e["event_id"] for e in batch]
+    finally:
+        assert processor.stop() == 0, processor.output()
+
+    group = f"{DEFAULT_CONSUMER_GROUP_PREFIX}quota-{uuid.uuid4().hex[:6]}"
+    consumer = SettlementConsumer(consumer_config, group_id=group, topics=[names["capacity-releases"]])
+    mine: list = []
+    try:
+        deadline = time.monotonic() + 60
+        while not mine and time.monotonic() < deadline:
+            consumer.poll(lambda record: mine.append(record) if getattr(record, "parent_id", None) == parent
+                          else None, timeout_s=1.0)
+        assert mine and all(isinstance(r, CapacityReleased) for r in mine if r.kind == "CapacityReleased")
+        committed = consumer.committed()
+        assert committed and all(offset > 0 for offset in committed.values()), committed
+    finally:
+        consumer.close()
+
+    # what it may not do: write anywhere, read the input or the changelog, use a group outside its prefix
+    outcome = _produce_refusals(consumer_config, list(names.values()))
+    assert outcome == {topic: "TOPIC_AUTHORIZATION_FAILED" for topic in names.values()}
+    for topic in ("ledger-changelog", "branch-events", "ledger-ticks"):
+        assert _metadata_refusal(consumer_config, names[topic]) == "TOPIC_AUTHORIZATION_FAILED", topic
+    assert _group_refusal(consumer_config, names["capacity-releases"], "quota-service") == \
+        "GROUP_AUTHORIZATION_FAILED"
+    # the waiter only reads results
+    assert _metadata_refusal(waiter_config, names["capacity-releases"]) == "TOPIC_AUTHORIZATION_FAILED"
+    assert _metadata_refusal(waiter_config, names["settlement-results"]) == "no error"
+
+
 # -- failures are one line, at once -------------------------------------------------------------------------
 
 
