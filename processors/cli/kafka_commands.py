@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -98,6 +99,8 @@ def add_produce(commands) -> None:
     p.add_argument("file", help="JSON Lines file of events; - for standard input")
     arguments.add_kafka_command(p)
     arguments.add_progress(p)
+    p.add_argument("--json", action="store_true",
+                   help="print what was published as JSON (topic, partitions, published, not_sent: line and reason)")
     p.set_defaults(run=_produce)
 
 
@@ -120,6 +123,7 @@ def _produce_path(args: argparse.Namespace, path: str) -> int:
                                    topic_names(args.topic_prefix, args.topic_spec)["branch-events"], codec)
     partitions = producer.partitions()
     sent, rejected = 0, 0
+    refused: list[dict] = []
     # the file's lines, as far as read (events sent and lines refused), on stderr
     with Progress(count_lines(path), unit="lines", verb="sent", mode=args.progress) as progress:
         for item in read_jsonl(path, codec):
@@ -131,12 +135,17 @@ def _produce_path(args: argparse.Namespace, path: str) -> int:
                 reason = TICK_NOT_PRODUCIBLE
             if reason is not None:
                 rejected += 1
+                refused.append({"line": item.line, "reason": reason})
                 progress.write(f"line {item.line}: not sent: {reason}")
                 continue
             producer.publish(item.event)
             sent += 1
         producer.flush()
         progress.complete()
+    if args.json:
+        print(json.dumps({"topic": producer.topic, "partitions": len(partitions), "published": sent,
+                          "not_sent": refused}, indent=2))
+        return 1 if rejected else 0
     print(f"published {sent} events to {producer.topic} ({len(partitions)} partitions)"
           + (f"; {rejected} lines not sent" if rejected else ""))
     return 1 if rejected else 0
@@ -159,8 +168,7 @@ def add_inspect(commands) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    import json
-
+    from branch_settlement.processors.cli.tables import table
     from branch_settlement.processors.kafka.partition import group_dir, stored_partitions
     from branch_settlement.processors.replay.report import balance_table
     from branch_settlement.projections import keys
@@ -186,10 +194,9 @@ def _inspect(args: argparse.Namespace) -> int:
         print("\n".join(balance_table(parent["dimensions"])))
         print("\nchildren")
         quantities = lambda q: ", ".join(f"{dim} {n}" for dim, n in sorted(q.items())) or "none"
-        for child in children:
-            print(f"  {child['child_id']:<16} {child['state']:<18} attempt {child['attempt_id']:<12} "
-                  f"generation {child['lease_generation']}  reserved {quantities(child['reserved'])}  "
-                  f"consumed {quantities(child['consumed'])}")
+        rows = [(child["child_id"], child["state"], child["attempt_id"], child["lease_generation"],
+                 quantities(child["reserved"]), quantities(child["consumed"])) for child in children]
+        print("\n".join(table(("child", "state", "attempt", "generation", "reserved", "consumed"), rows)))
         return 0
     raise SettlementError(f"parent {args.parent_id!r} is in none of the projections under "
                           f"{group_dir(args.state_dir, args.group_id)}")

@@ -67,6 +67,7 @@ def add_parsers(commands) -> None:
     e.add_argument("--topic", default="branch-events", metavar="NAME", help="logical topic name (default %(default)s)")
     _add_topic_arguments(e)
     arguments.add_progress(e)
+    e.add_argument("--json", action="store_true", help="print what was exported as JSON")
     e.set_defaults(run=run_export)
 
 
@@ -289,5 +290,9 @@ def run_export(args: argparse.Namespace) -> int:
     records = [(p, item, raw) for p in partitions for item, raw in folded[p]]
     with Progress(len(records), unit="records", verb="written", mode=args.progress) as progress:
         count = export_format.write_export(args.output, _counting(records, progress), codec, len(every_partition))
+    if args.json:
+        print(json.dumps({"output": args.output, "topic": topic, "partitions": partitions, "records": count},
+                         indent=2))
+        return 0
     print(f"exported {count:,} records of {topic} partitions {','.join(map(str, partitions))} to {args.output}")
     return 0

@@ -47,3 +47,22 @@ def test_the_kafka_commands_show_progress_on_a_terminal_only(kafka_topics, tmp_p
     assert b"read: 100%" in shown
     code, stdout, shown = settle_on_terminal("audit", parent, "--topic", "branch-events", *common, "--no-progress")
     assert code == 0 and stdout == plain.stdout and shown == b""
+
+
+def test_produce_and_export_print_json_when_asked(kafka_topics, tmp_path: Path) -> None:
+    import json
+
+    common = ("--topic-prefix", kafka_topics.prefix, "--bootstrap-servers", kafka_topics.bootstrap_servers)
+    events = tmp_path / "events.jsonl"
+    write_jsonl(str(events), 42, 500)
+    run = settle("produce", str(events), *common, "--json")
+    assert run.returncode in (0, 1), run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["topic"] == kafka_topics.name("branch-events") and doc["partitions"] > 0 and doc["published"] > 0
+    assert all(set(refused) == {"line", "reason"} for refused in doc["not_sent"])
+    assert (run.returncode == 1) == bool(doc["not_sent"])
+    assert count_records(kafka_topics.bootstrap_servers, kafka_topics.name("branch-events")) == doc["published"]
+    export = settle("export", "-o", str(tmp_path / "events.avro"), *common, "--json")
+    assert export.returncode == 0, export.stderr
+    assert json.loads(export.stdout) == {"output": str(tmp_path / "events.avro"), "topic": doc["topic"],
+                                         "partitions": list(range(doc["partitions"])), "records": doc["published"]}
