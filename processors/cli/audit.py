@@ -133,7 +133,10 @@ def _inputs(args: argparse.Namespace, codec, path: str | None, name: str):
         client = connection.config_from_args(args)
         every_partition = readers.partitions_of(client, topic)
         count = len(every_partition)
-        partitions = [args.partition] if args.partition is not None else every_partition
+        from branch_settlement.processors.cli.replay import _known_partitions
+
+        partitions = _known_partitions(None if args.partition is None else [args.partition], every_partition,
+                                       topic, "--partition")
         from branch_settlement.processors.crosscheck.progress import Progress
 
         total = sum(high - low for high, low in readers.input_bounds(client, topic, partitions).values())

@@ -95,6 +95,17 @@ def _counting(items, progress, every: int = 1000):
     progress(n % every)
 
 
+def _known_partitions(chosen: list[int] | None, every: list[int], topic: str, flag: str = "--partitions") -> list[int]:
+    """`chosen` (default: every partition), each one a partition of the topic."""
+    if chosen is None:
+        return every
+    unknown = sorted(set(chosen) - set(every))
+    if unknown:
+        raise SettlementError(f"{flag} {','.join(map(str, unknown))}: {topic} has partitions "
+                              f"{every[0]}-{every[-1]}" if every else f"{flag}: {topic} has no partitions")
+    return chosen
+
+
 def _time_ms(value: str) -> int:
     if value.isdigit():
         return int(value)
@@ -222,9 +233,8 @@ def _replay_topic(args: argparse.Namespace) -> int:
     names = _names(args)
     client = connection.config_from_args(args)
     codec = default_codec()
-    partitions = _partitions(args.partitions)
-    if partitions is None:
-        partitions = readers.partitions_of(client, names["branch-events"])
+    partitions = _known_partitions(_partitions(args.partitions),
+                                   readers.partitions_of(client, names["branch-events"]), names["branch-events"])
     low, high = args.from_offset, args.to_offset
     if args.from_time or args.to_time:
         if len(partitions) != 1:
@@ -283,13 +293,19 @@ def run_export(args: argparse.Namespace) -> int:
     codec = default_codec()
     topic = names["branch-events"]
     every_partition = readers.partitions_of(client, topic)
-    partitions = _partitions(args.partitions) or every_partition
+    partitions = _known_partitions(_partitions(args.partitions), every_partition, topic)
+    directory = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(directory):
+        raise SettlementError(f"-o {args.output}: no such directory {directory}")
     total = sum(high - low for high, low in readers.input_bounds(client, topic, partitions).values())
     with Progress(total, unit="records", verb="read", mode=args.progress) as progress:
         folded = readers.read_folded_records(client, names, partitions, codec, progress)
     records = [(p, item, raw) for p in partitions for item, raw in folded[p]]
     with Progress(len(records), unit="records", verb="written", mode=args.progress) as progress:
-        count = export_format.write_export(args.output, _counting(records, progress), codec, len(every_partition))
+        try:
+            count = export_format.write_export(args.output, _counting(records, progress), codec, len(every_partition))
+        except OSError as err:
+            raise SettlementError(f"cannot write {args.output}: {err.strerror or err}") from None
     if args.json:
         print(json.dumps({"output": args.output, "topic": topic, "partitions": partitions, "records": count},
                          indent=2))

@@ -66,3 +66,16 @@ def test_produce_and_export_print_json_when_asked(kafka_topics, tmp_path: Path) 
     assert export.returncode == 0, export.stderr
     assert json.loads(export.stdout) == {"output": str(tmp_path / "events.avro"), "topic": doc["topic"],
                                          "partitions": list(range(doc["partitions"])), "records": doc["published"]}
+
+
+def test_expected_failures_are_one_line_and_exit_2(kafka_topics, tmp_path: Path) -> None:
+    common = ("--topic-prefix", kafka_topics.prefix, "--bootstrap-servers", kafka_topics.bootstrap_servers)
+    topic = kafka_topics.name("branch-events")
+    for argv, says in (
+            (("export", "-o", str(tmp_path / "no" / "dir.avro")), f"no such directory {tmp_path / 'no'}"),
+            (("export", "-o", str(tmp_path / "x.avro"), "--partitions", "0,99"), f"--partitions 99: {topic} has "),
+            (("replay", "--topic", "branch-events", "--partitions", "99"), f"--partitions 99: {topic} has "),
+            (("audit", "P", "--topic", "branch-events", "--partition", "99"), f"--partition 99: {topic} has ")):
+        run = settle(*argv, *common)
+        err = run.stderr.decode()
+        assert run.returncode == 2 and says in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
