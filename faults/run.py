@@ -4,8 +4,10 @@ invariant held and no processor needed the watchdog; 1: an invariant failed; 2: 
 a processor got stuck or exited unexpectedly (liveness).
 
 Scenarios on the shared broker (SETTLE_BOOTSTRAP_SERVERS, default 127.0.0.1:9092) only use topics of
-their own; the broker bounces run on a broker of the suite's own, and the network faults on another one
-inside a private network namespace. The shared broker is never bounced, paused or cut off."""
+their own; the broker bounces run on a broker of the suite's own, the network faults on another one inside
+a private network namespace, and the replicated scenarios (faults/replicated.py) on a cluster of three
+controllers and three brokers of the suite's own (faults/cluster.py), `--seeds` times each. The shared
+broker is never bounced, paused or cut off."""
 
 from __future__ import annotations
 
