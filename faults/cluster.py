@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -88,6 +89,7 @@ class ReplicatedCluster:
         self.bootstrap = ",".join(f"127.0.0.1:{p}" for p in self.broker_ports.values())
         self.extra_config = run_dir / "replicated.properties"
         self.events: list[dict] = []  # what was done to which node, with wall-clock times
+        self._reaper: subprocess.Popen | None = None
 
     # -- the nodes ------------------------------------------------------------------------------------
 
@@ -132,9 +134,20 @@ class ReplicatedCluster:
         every partition's ISR is whole."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.extra_config.write_text(EXTRA_CONFIG)
+        self._start_reaper()
         self._parallel([n for n in CONTROLLER_IDS if self.pid(n) is None], "up")
         self._parallel([n for n in BROKER_IDS if self.pid(n) is None], "up")
         self.wait_healthy(timeout_s)
+
+    def _start_reaper(self) -> None:
+        """faults/reaper.py: kills this cluster's nodes if this process dies without stopping them (SIGKILL,
+        a CI timeout: no `finally` runs then). Started once per process and run directory; it exits by itself
+        when this process does."""
+        if self._reaper is not None and self._reaper.poll() is None:
+            return
+        self._reaper = subprocess.Popen([sys.executable, "-m", "faults.reaper", str(os.getpid()), str(self.run_dir)],
+                                        cwd=REPO, start_new_session=True, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def pid(self, node: int) -> int | None:
         try:
@@ -173,6 +186,9 @@ class ReplicatedCluster:
                 t.start()
             for t in threads:
                 t.join()
+        if self._reaper is not None and self._reaper.poll() is None:
+            self._reaper.kill()
+            self._reaper.wait(10)
 
     def _stop_quietly(self, node: int) -> None:
         pid = self.pid(node)

@@ -74,6 +74,7 @@ class Faults:
         every ISR is whole."""
         run, cluster = self.run, self.cluster
         self.mark_seen()
+        led = sum(1 for v in cluster.leaders(run.topics.names.values()).values() if v == node)
         run.fault(kind)
         at = self.progress()
         cluster.kill9(node)
@@ -82,7 +83,8 @@ class Faults:
         cluster.start(node)
         healed_s = cluster.wait_healthy(poll=run.supervise)
         run.publish_next()
-        self.note(at_fraction=at, fault=kind, node=node, why=why, fenced_after_s=round(fenced_s, 1),
+        self.note(at_fraction=at, fault=kind, node=node, why=why, led_partitions_of_the_scenario=led,
+                  fenced_after_s=round(fenced_s, 1),
                   whole_again_after_restart_s=round(healed_s, 1))
 
     def restart_broker(self, node: int) -> None:

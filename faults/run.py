@@ -68,6 +68,7 @@ class SharedCluster:
                 self.close()
         self.generation += 1
         self.cluster = ReplicatedCluster(self.work / f"replicated-cluster-{self.generation}")
+        self.cluster.ensure_stopped()  # whatever an earlier run that was killed left there (its reaper's job too)
         shutil.rmtree(self.cluster.run_dir, ignore_errors=True)
         return self.cluster
 

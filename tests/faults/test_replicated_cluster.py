@@ -12,6 +12,9 @@ free ports (never the shared broker's)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,6 +71,35 @@ def test_r2_finds_a_record_gone_or_changed_after_a_failover() -> None:
     assert not compare_seen({}, {})["ok"]  # a reader that saw nothing proves nothing
 
 
+@pytest.mark.unit
+def test_the_reaper_kills_the_nodes_of_a_suite_that_died(tmp_path: Path) -> None:
+    """A suite killed with SIGKILL runs no `finally`: faults/reaper.py kills its nodes (and nothing else)."""
+    node_dir, other_dir = tmp_path / "broker-4", tmp_path.parent / f"{tmp_path.name}-other" / "broker-5"
+    nodes = []
+    for d in (node_dir, other_dir):
+        d.mkdir(parents=True)
+        fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "kafka.Kafka",
+                                 str(d / "server.properties")])
+        (d / "pid").write_text(str(fake.pid))
+        nodes.append(fake)
+    suite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    reaper = subprocess.Popen([sys.executable, "-m", "faults.reaper", str(suite.pid), str(tmp_path)],
+                              cwd=Path(__file__).resolve().parents[2])
+    try:
+        time.sleep(1.5)
+        assert reaper.poll() is None and nodes[0].poll() is None  # the suite lives: nothing is touched
+        suite.kill()
+        suite.wait(10)
+        assert reaper.wait(20) == 0
+        assert nodes[0].wait(10) == -9
+        assert nodes[1].poll() is None  # another run directory's node is not its business
+    finally:
+        for p in (*nodes, suite, reaper):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
 def test_transaction_coordinator_killed_under_load(cluster: ReplicatedCluster, tmp_path: Path) -> None:
     report = run_scenario("coordinator_kill", 130, SIZE, (), tmp_path, stall_s=120, cluster=_Shared(cluster))
     assert_exactly_once(report, "coordinator_kill")
@@ -84,3 +116,5 @@ def test_transaction_coordinator_killed_under_load(cluster: ReplicatedCluster, t
     assert [k["fault"] for k in kills] == ["txn_coordinator_kill_9"] * 2
     assert all(k["at_fraction"] < 0.95 for k in kills), kills
     assert all("coordinator of" in k["why"] for k in kills)
+    # A coordinator's broker also leads partitions: the kills failed over some of the scenario's leaders.
+    assert sum(k["led_partitions_of_the_scenario"] for k in kills) > 0, kills
