@@ -37,7 +37,8 @@ class Progress:
         if mode == BAR or (mode == AUTO and self.tty):
             sized = _columns(self.stream) > 0  # a terminal that tells its width (a bare pty tells 0)
             self.bar = tqdm(total=total, file=self.stream, unit=f" {unit}", desc=verb, dynamic_ncols=sized,
-                            ncols=None if sized else 80, unit_scale=False, mininterval=0.2, leave=True)
+                            ncols=None if sized else 80, nrows=None if sized else 24, unit_scale=False,
+                            mininterval=0.2, leave=True)
 
     def __call__(self, n: int) -> None:
         self.update(self.done + n)
@@ -48,8 +49,8 @@ class Progress:
             if done > self.bar.n:
                 self.bar.update(done - self.bar.n)
             return
-        if not self.plain:
-            return
+        if not self.plain or (self.total is not None and done >= self.total):
+            return  # a plain line says how far a run is, not that it is done: the command says that
         now = time.monotonic()
         if now - self.last < self.every_s:
             return

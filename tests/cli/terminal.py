@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import re
 import struct
 import subprocess
 import sys
@@ -17,9 +18,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def settle_on_terminal(*args: str, stdin: bytes | None = None, columns: int = 120) -> tuple[int, bytes, bytes]:
-    """(exit code, stdout, what the terminal showed) of `settle ARGS` with stderr on a pty."""
+    """(exit code, stdout, what the terminal showed) of `settle ARGS` with stderr on a pty `columns` wide (0:
+    a bare pty that tells no size, as some CI runners and `script` give)."""
     master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    if columns:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     with tempfile.TemporaryFile() as out:
         proc = subprocess.Popen([sys.executable, "-m", "branch_settlement.processors.cli.main", *args], cwd=REPO,
                                 stdout=out, stderr=slave, stdin=subprocess.PIPE if stdin is not None else None)
@@ -40,6 +43,15 @@ def settle_on_terminal(*args: str, stdin: bytes | None = None, columns: int = 12
         os.close(master)
         out.seek(0)
         return code, out.read(), shown
+
+
+PLAIN_PROGRESS = re.compile(rb"(replayed|read|written|sent) [\d,]+(/[\d,]+)? \w+, [\d,]+/s(, ETA [\d,]+ s)?")
+
+
+def only_progress(stderr: bytes) -> bool:
+    """Whether stderr holds nothing but the plain progress lines of a run not on a terminal (one every few
+    seconds at most: a slow machine may print some)."""
+    return all(PLAIN_PROGRESS.fullmatch(line) for line in stderr.splitlines())
 
 
 def settle(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
