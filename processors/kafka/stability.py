@@ -110,6 +110,8 @@ class StabilityWatch:
             except KafkaException as exc:  # the broker is away: ask again next time
                 log.debug("last stable offset of %s[%d] not known: %s", tp.topic, tp.partition, exc)
                 continue
+            if stable < 0:  # OFFSET_INVALID (-1001), answered after a leader failover: no LSO, ask again
+                continue
             if stable > entry.latest_offset:
                 del self._unconfirmed[key]
                 if entry.alerted:
