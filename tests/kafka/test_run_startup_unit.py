@@ -33,7 +33,9 @@ def test_a_signal_during_the_preflight_stops_at_once_and_cleanly(tmp_path: Path,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     try:
         deadline = time.monotonic() + 30
-        while not handles(proc.pid, signum):
+        # SIGTERM's handler, installed with SIGINT's by the drain (Python's own SIGINT handler is there from
+        # the interpreter's start, before settle's modules are even imported)
+        while not handles(proc.pid, signal.SIGTERM):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
             time.sleep(0.02)
         time.sleep(0.5)  # well inside the preflight's wait for metadata (15 s)
