@@ -63,8 +63,8 @@ def test_the_installed_wheel_runs_the_pipeline(installed: Path, kafka_bootstrap:
     try:
         deadline = time.monotonic() + 120
         while True:  # until what the processor committed agrees with a re-fold of the input: all folded
-            live = settle("replay", "--topic", "branch-events")
-            if live.returncode == 0:
+            live = settle("replay", "--topic", "branch-events", "--group-id", group)
+            if live.returncode == 0 and "NOT YET PROCESSED" not in live.stdout:  # caught up, not only lagging
                 break
             assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
             assert time.monotonic() < deadline, live.stdout + live.stderr
