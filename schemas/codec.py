@@ -179,6 +179,9 @@ class Codec:
         if len(data) < HEADER_SIZE:
             raise CodecError(f"truncated single-object header: {len(data)} bytes, need {HEADER_SIZE}")
         if data[:2] != SINGLE_OBJECT_MARKER:
+            if data[:1] == b"\x00":
+                raise CodecError(f"a Confluent wire format frame (schema id {int.from_bytes(data[1:5], 'big')}): "
+                                 "reading it needs the Schema Registry (--schema-registry-url; docs/wire-formats.md)")
             raise CodecError(f"bad single-object marker {bytes(data[:2]).hex()}, expected c301")
         fingerprint = bytes(data[2:HEADER_SIZE])
         try:

@@ -48,8 +48,21 @@ def add_kafka_command(parser: argparse.ArgumentParser) -> None:
     add_topic_names(parser)
 
 
+def add_wire_format(parser: argparse.ArgumentParser) -> None:
+    """--wire-format and the Schema Registry's settings (docs/wire-formats.md): a command that reads or writes
+    events or outputs."""
+    group = parser.add_argument_group("wire format (docs/wire-formats.md)")
+    group.add_argument("--wire-format", choices=cfg.WIRE_FORMATS, help=cfg.setting_help("wire_format"))
+    group.add_argument("--schema-registry-url", metavar="URL", help=cfg.setting_help("schema_registry_url"))
+    group.add_argument("--schema-registry-ca-location", metavar="FILE",
+                       help=cfg.setting_help("schema_registry_ca_location"))
+    group.add_argument("--schema-registry-username", metavar="USER", help=cfg.setting_help("schema_registry_username"))
+    group.add_argument("--schema-registry-password-file", metavar="FILE",
+                       help=cfg.setting_help("schema_registry_password_file"))
+
+
 __all__ = ["add_config", "add_kafka", "add_topic_names", "add_group", "add_state_dir", "add_kafka_command",
-           "add_progress"]
+           "add_progress", "add_wire_format"]
 
 
 def add_progress(parser: argparse.ArgumentParser) -> None:

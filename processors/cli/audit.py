@@ -75,12 +75,13 @@ def add_parser(commands) -> None:
     from branch_settlement.processors.cli import arguments
 
     arguments.add_kafka_command(p)
+    arguments.add_wire_format(p)
     arguments.add_progress(p)
     p.set_defaults(run=run_audit)
 
 
 def run_audit(args: argparse.Namespace) -> int:
-    from branch_settlement.schemas.codec import default_codec
+    from branch_settlement.processors.kafka import wire
 
     if bool(args.file) == bool(args.topic):
         raise SettlementError("give either FILE or --topic branch-events")
@@ -92,7 +93,7 @@ def run_audit(args: argparse.Namespace) -> int:
 
     from branch_settlement.processors.cli.inputs import STDIN, input_file
 
-    codec = default_codec()
+    codec = wire.codec_for(args, writes=False)
     with input_file(args.file) if args.file else contextlib.nullcontext() as path:
         name = "standard input" if args.file == STDIN else os.path.basename(args.file or "")
         partition, inputs, source, partitions = _inputs(args, codec, path, name)

@@ -67,6 +67,7 @@ DRAIN = Drain()
 
 
 def _run(args: argparse.Namespace) -> int:
+    from branch_settlement.processors.kafka import wire
     from branch_settlement.processors.kafka.processor import Processor
     from branch_settlement.processors.kafka.ticks import FileClock
 
@@ -80,7 +81,8 @@ def _run(args: argparse.Namespace) -> int:
         log.info("stopped before starting: %s received during start-up", signal.Signals(DRAIN.signal).name)
         return 0
     clock = FileClock(config.clock_file) if config.clock_file else time.time
-    Processor(config, names, clock=clock).run(DRAIN.requested)
+    codec = wire.codec_for(config, writes=True)  # registers the schemas first when writing Confluent frames
+    Processor(config, names, codec=codec, clock=clock).run(DRAIN.requested)
     log.info("stopped cleanly")
     return 0
 
@@ -98,6 +100,7 @@ def add_produce(commands) -> None:
                     "the exit code is then 1.")
     p.add_argument("file", help="JSON Lines file of events; - for standard input")
     arguments.add_kafka_command(p)
+    arguments.add_wire_format(p)
     arguments.add_progress(p)
     p.add_argument("--json", action="store_true",
                    help="print what was published as JSON (topic, partitions, published, not_sent: line and reason)")
@@ -115,10 +118,10 @@ def _produce_path(args: argparse.Namespace, path: str) -> int:
     from branch_settlement.processors.crosscheck.progress import Progress, count_lines
     from branch_settlement.processors.kafka.clients import TICK_NOT_PRODUCIBLE, BranchEventProducer
     from branch_settlement.processors.ledger.validation import validate
+    from branch_settlement.processors.kafka import wire
     from branch_settlement.processors.replay.replayer import read_jsonl
-    from branch_settlement.schemas.codec import default_codec
 
-    codec = default_codec()
+    codec = wire.codec_for(args, writes=True)
     producer = BranchEventProducer(connection.config_from_args(args),
                                    topic_names(args.topic_prefix, args.topic_spec)["branch-events"], codec)
     partitions = producer.partitions()

@@ -74,6 +74,7 @@ def add_parsers(commands) -> None:
 def _add_topic_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partitions", metavar="P[,P...]", help="only these partitions (default: all)")
     arguments.add_kafka_command(p)
+    arguments.add_wire_format(p)
 
 
 def _partitions(value: str | None) -> list[int] | None:
@@ -141,11 +142,11 @@ def _replay_path(args: argparse.Namespace, path: str) -> int:
     from branch_settlement.processors.replay import sharded
     from branch_settlement.processors.replay.report import print_summary
     from branch_settlement.projections.store import RocksStore
-    from branch_settlement.schemas.codec import default_codec
+    from branch_settlement.processors.kafka import wire
 
     from branch_settlement.processors.crosscheck.progress import Progress, count_lines
 
-    codec = default_codec()
+    codec = wire.codec_for(args, writes=False)
     if export_format.is_export(path):
         # partitions folded side by side (one process per core); each sends back its part of the output
         with Progress(None, unit="records", verb="replayed", mode=args.progress) as progress:
@@ -228,11 +229,11 @@ def _replay_topic(args: argparse.Namespace) -> int:
     from branch_settlement.processors.kafka import connection
     from branch_settlement.processors.crosscheck import readers, topic_replay
     from branch_settlement.processors.crosscheck.live_ledgers import live_projections
-    from branch_settlement.schemas.codec import default_codec
+    from branch_settlement.processors.kafka import wire
 
     names = _names(args)
     client = connection.config_from_args(args)
-    codec = default_codec()
+    codec = wire.codec_for(args, writes=False)
     partitions = _known_partitions(_partitions(args.partitions),
                                    readers.partitions_of(client, names["branch-events"]), names["branch-events"])
     low, high = args.from_offset, args.to_offset
@@ -286,11 +287,11 @@ def run_export(args: argparse.Namespace) -> int:
     from branch_settlement.processors.kafka import connection
     from branch_settlement.processors.crosscheck.progress import Progress
     from branch_settlement.processors.replay import export_format
-    from branch_settlement.schemas.codec import default_codec
+    from branch_settlement.processors.kafka import wire
 
     names = _names(args)
     client = connection.config_from_args(args)
-    codec = default_codec()
+    codec = wire.codec_for(args, writes=False)
     topic = names["branch-events"]
     every_partition = readers.partitions_of(client, topic)
     partitions = _known_partitions(_partitions(args.partitions), every_partition, topic)

@@ -61,6 +61,13 @@ class ProcessorConfig:
     # the ledger, and whatever one checkpoint touches.
     view_cache_mb: int = 96
     log_level: str = "INFO"
+    # The framing of the records others read and write (docs/wire-formats.md): the single-object encoding, or
+    # the Confluent wire format with ids from a Schema Registry (registered and checked at start-up).
+    wire_format: str = "single-object"
+    schema_registry_url: str = ""
+    schema_registry_ca_location: str = ""
+    schema_registry_username: str = ""
+    schema_registry_password_file: str = ""
     kafka: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -84,7 +91,19 @@ class ProcessorConfig:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.worker_slot or not self.group_id:
             raise ConfigError("worker_slot and group_id must not be empty")
+        check_wire_format(self.wire_format, self.schema_registry_url)
         return self
+
+
+WIRE_FORMATS = ("single-object", "confluent")
+
+
+def check_wire_format(wire_format: str, schema_registry_url: str) -> None:
+    if wire_format not in WIRE_FORMATS:
+        raise ConfigError(f"wire_format must be one of {', '.join(WIRE_FORMATS)}, got {wire_format!r}")
+    if wire_format == "confluent" and not schema_registry_url:
+        raise ConfigError("wire_format confluent needs a schema_registry_url (--schema-registry-url): the schema "
+                          "ids come from the registry")
 
 
 HELP = {
@@ -111,6 +130,14 @@ HELP = {
     "transaction_timeout_ms": "producer transaction.timeout.ms",
     "metrics_port": "serve Prometheus metrics on this port; 0 = off",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
+    "wire_format": "framing of the events and outputs written: single-object (Avro single-object encoding) or "
+                   "confluent (Confluent wire format, schema ids from --schema-registry-url); both are read",
+    "schema_registry_url": "Schema Registry (Confluent-compatible REST API, e.g. http://registry:8081) whose ids "
+                           "the Confluent frames carry; or file:PATH, a registry snapshot (JSON); needed to read "
+                           "Confluent frames and to write them",
+    "schema_registry_ca_location": "CA file to verify an https Schema Registry",
+    "schema_registry_username": "user name for the Schema Registry's HTTP basic auth",
+    "schema_registry_password_file": "file holding the password for the Schema Registry's basic auth",
 }
 _SETTINGS = [f for f in dataclasses.fields(ProcessorConfig) if f.name != "kafka"]
 

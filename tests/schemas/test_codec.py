@@ -254,14 +254,17 @@ def test_a_change_to_a_shared_type_changes_the_fingerprint_of_every_record_using
         (lambda data: b"", "truncated single-object header"),
         (lambda data: data[:7], "truncated single-object header"),
         (lambda data: b"\xc3\x00" + data[2:], "bad single-object marker c300"),
-        (lambda data: b"\x00\x00" + data[2:], "bad single-object marker 0000"),
+        (lambda data: b"\x01\x00" + data[2:], "bad single-object marker 0100"),
+        # 00 starts a Confluent frame: the single-object codec says what it is and what reading it needs
+        (lambda data: b"\x00\x00\x00\x00\x07" + data[10:], "a Confluent wire format frame \\(schema id 7\\): "
+                                                           "reading it needs the Schema Registry"),
         (lambda data: data[:2] + bytes(8) + data[10:], "unknown writer schema fingerprint 0000000000000000"),
         (lambda data: data[:-3], "ChildReserved: cannot decode body"),
         (lambda data: data[:10], "ChildReserved: cannot decode body"),
         (lambda data: data + b"\x00", "ChildReserved: 1 trailing bytes"),
         (lambda data: data[:11] + b"\xff" * 10 + data[21:], "ChildReserved: cannot decode body"),
     ],
-    ids=["empty", "short-header", "marker", "no-marker", "fingerprint", "truncated", "no-body", "trailing", "garbage"],
+    ids=["empty", "short-header", "marker", "no-marker", "confluent-frame", "fingerprint", "truncated", "no-body", "trailing", "garbage"],
 )
 def test_bad_bytes_raise_codec_error_with_the_reason(codec, mangle, reason):
     data = codec.encode_event(codec.event_from_json(BY_TYPE["ChildReserved"]))
