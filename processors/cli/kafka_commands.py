@@ -200,6 +200,12 @@ def _inspect(args: argparse.Namespace) -> int:
         rows = [(child["child_id"], child["state"], child["attempt_id"], child["lease_generation"],
                  quantities(child["reserved"]), quantities(child["consumed"])) for child in children]
         print("\n".join(table(("child", "state", "attempt", "generation", "reserved", "consumed"), rows)))
+        if parent.get("loans"):
+            print("\nloans (capacity lent to other workloads)")
+            rows = [(loan["loan_id"], loan["borrower"], loan["state"], quantities(loan["quantities"]),
+                     "yes" if loan["revocation_requested"] else "no", quantities(loan["usage"]))
+                    for loan in parent["loans"]]
+            print("\n".join(table(("loan", "borrower", "state", "lent", "asked back", "used"), rows)))
         return 0
     raise SettlementError(f"parent {args.parent_id!r} is in none of the projections under "
                           f"{group_dir(args.state_dir, args.group_id)}")
