@@ -65,10 +65,7 @@ class EventContext:
         parent_id = parent["parent_id"]
         self.out.releases.append(
             {
-                # Unique per release: one event releases each child's dimension to one destination at most once,
-                # and the parent id tells apart the parents that one event (a tick) releases, and the parents
-                # that happen to use the same idempotency key.
-                "release_key": f"{parent_id}/{event['idempotency_key']}/{child_id or '-'}/{dimension}/{destination}",
+                "release_key": release_key(parent_id, event["idempotency_key"], child_id, dimension, destination),
                 "parent_id": parent_id,
                 "child_id": child_id,
                 "attempt_id": child["attempt_id"] if child else "",
@@ -106,3 +103,20 @@ class EventContext:
                 "ledger_time_ms": self.now_ms,
             }
         )
+
+
+def release_key(parent_id: str, idempotency_key: str, child_id: str, dimension: str, destination: str) -> str:
+    """`<parent_id>/<idempotency_key>/<child_id or ->/<dimension>/<destination>`, unique per release: one event
+    releases each child's dimension to one destination at most once; the parent id tells apart the parents one
+    event (a tick) releases, and parents that happen to use the same idempotency key. The parts other than the
+    idempotency key are percent-encoded ('%' and '/'), and a child named '-' is '%2D', since '-' stands for the
+    parent: then the first '/' ends the parent id and the last three parts are read from the right, so no two
+    releases' keys are the same string whatever their ids (a child named '-' once shared the key of its parent's
+    own release). Ids of the usual kind are unchanged."""
+    child = _key_part(child_id) if child_id else "-"
+    return f"{_key_part(parent_id)}/{idempotency_key}/{child}/{_key_part(dimension)}/{destination}"
+
+
+def _key_part(value: str) -> str:
+    part = value.replace("%", "%25").replace("/", "%2F")
+    return "%2D" if part == "-" else part
