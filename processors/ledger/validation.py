@@ -112,6 +112,8 @@ def _plainly_valid(event: dict) -> bool:
             return False
     if not 0 <= event.get("lease_generation", 0) <= MAX_LEASE_GENERATION:
         return False
+    if "/loan/" in key and etype not in LOAN_EVENTS and _has_a_loans_key(event):
+        return False
     if etype == "ChildReserved":
         return bool(event["quantities"])
     if etype == "ParentClosed":
@@ -165,7 +167,19 @@ def _problem(event: dict) -> str | None:
         return _outcome_problem(event)
     if etype in LOAN_EVENTS:
         return _loan_problem(event)
+    if _has_a_loans_key(event):
+        return "idempotency_key: <parent_id>/loan/<loan_id>/request and .../return are the loans' own keys"
     return None
+
+
+def _has_a_loans_key(event: dict) -> bool:
+    """Whether an event that is not a loan's takes the form of a loan's key: stored under it, it would make that
+    loan's own event an idempotency_conflict forever (its capacity stuck in `lent`, the parent never closed)."""
+    key = event["idempotency_key"]
+    return key.startswith(f"{event['parent_id']}/loan/") and key.endswith(_LOAN_KEY_ENDS)
+
+
+_LOAN_KEY_ENDS = tuple(f"/{v}" for v in LOAN_EVENTS.values())
 
 
 def _loan_problem(event: dict) -> str | None:
