@@ -72,6 +72,16 @@ def is_loan_audit(audit: dict) -> bool:
 TIMER_CHILD_LEASE = "child_lease"
 TIMER_RECONCILIATION = "reconciliation"
 TIMER_PARENT_LEASE = "parent_lease"
+# A closed parent's retention ended: it is compacted (its children, idempotency records and timers deleted, the
+# parent record cut down to a tombstone).
+TIMER_PARENT_RETENTION = "parent_retention"
+
+# How long, in ledger time, a closed parent keeps its children and idempotency records (so that a redelivery
+# still gets `duplicate` and the ledger JSON still shows them) before it is compacted to a tombstone (SPEC §8:
+# late events then get `parent_closed`). A constant of the ledger's contract, like its other rules, not a setting
+# of the processor: a replay runs the same fold, so it compacts at the same ledger times (docs/decisions.md,
+# decision 22). None: never compacted (the benchmarks' comparison).
+CLOSED_PARENT_RETENTION_MS: int | None = 7 * 24 * 3600 * 1000
 
 
 def new_balance(kind: str, capacity: int) -> dict:
@@ -106,7 +116,13 @@ def new_parent(parent_id: str, capacity: dict, lease_expires_at_ms: int, policy:
             dim: new_balance(spec["kind"], spec["quantity"]) for dim, spec in sorted(capacity.items())
         },
         "loans": [],
+        "closed_at_ms": None,
+        "compacted_at_ms": None,
     }
+
+
+def is_compacted(parent: dict) -> bool:
+    return parent.get("compacted_at_ms") is not None
 
 
 def new_loan(loan_id: str, borrower: str, quantities: dict, lent_at_ms: int) -> dict:

@@ -127,12 +127,14 @@ class LedgerView:
         # spilled or for a timer, its encoding), or None for a delete.
         self._dirty: dict[bytes, tuple[str, dict | bytes] | None] = {}
         self._timers: list[Timer] = []
+        self._dropping: set[str] = set()  # parents whose timers drop_timers deletes
         self.meta: dict = model.new_meta()
         self._budget = _process_budget if budget is None else budget
         self._budget.add(self)
         self._load_uncached_state()
 
     def _load_uncached_state(self) -> None:
+        self._dropping = set()
         self._timers = [parse_timer_key(key) for key, _ in self.store.scan(keys.prefix(keys.TIMER))]
         heapq.heapify(self._timers)
         raw = self.store.get(keys.META_KEY)
@@ -183,6 +185,26 @@ class LedgerView:
     def put_idempotency(self, parent_id: str, key: str, record: dict) -> None:
         self._put(keys.idempotency_key(parent_id, key), IDEMPOTENCY_RECORD, record)
 
+    def _delete(self, key: bytes) -> None:
+        if key in self._cache:
+            del self._cache[key]
+            self.cached_bytes -= self._sizes.pop(key)
+        self._dirty[key] = None
+
+    def delete_child(self, parent_id: str, child_id: str) -> None:
+        self._delete(keys.child_key(parent_id, child_id))
+
+    def delete_idempotency_of(self, parent_id: str) -> int:
+        """Delete every idempotency record of the parent (in the store or changed since the last commit), in key
+        order; return how many."""
+        prefix = keys.idempotency_key(parent_id, "")
+        found = {key for key, _ in self.store.scan(prefix)}
+        found.update(key for key, entry in self._dirty.items() if entry is not None and key.startswith(prefix))
+        found.difference_update(key for key in found if self._dirty.get(key, _ABSENT) is None)
+        for key in sorted(found):
+            self._delete(key)
+        return len(found)
+
     def put_meta(self) -> None:
         self._dirty[keys.META_KEY] = (META_RECORD, self.meta)
 
@@ -203,6 +225,26 @@ class LedgerView:
             self._dirty[keys.timer_key(*timer)] = None
             due.append(timer)
         return due
+
+    def drop_timers_of(self, parent_id: str) -> None:
+        """Delete every pending timer of the parent (a compacted parent's: none of them can fire any more). Done
+        by `drop_timers` in one pass over the heap, once the tick has fired what was due."""
+        self._dropping.add(parent_id)
+
+    def drop_timers(self) -> int:
+        """Delete the pending timers of the parents `drop_timers_of` named, in firing order; return how many."""
+        dropping = self._dropping
+        if not dropping:
+            return 0
+        timers = self._timers
+        dropped = sorted(timer for timer in timers if timer[2] in dropping)
+        if dropped:
+            self._timers = [timer for timer in timers if timer[2] not in dropping]
+            heapq.heapify(self._timers)
+            for timer in dropped:
+                self._dirty[keys.timer_key(*timer)] = None
+        dropping.clear()
+        return len(dropped)
 
     def pending_timer_count(self) -> int:
         return len(self._timers)

@@ -223,6 +223,10 @@ def finish_parent_if_done(ctx: EventContext, view: LedgerView, parent: dict) -> 
     parent["status"] = model.PARENT_CLOSED
     if parent["outcome"] is None:
         parent["outcome"] = "expired"
+    parent["closed_at_ms"] = ctx.now_ms
+    retention_ms = model.CLOSED_PARENT_RETENTION_MS
+    if retention_ms is not None:
+        view.add_timer(ctx.now_ms + retention_ms, model.TIMER_PARENT_RETENTION, parent["parent_id"])
     ctx.audit(parent["parent_id"], None, prior, model.PARENT_CLOSED, "parent settled")
     event = ctx.event
     ctx.out.settled.append(
@@ -333,4 +337,32 @@ def return_loan(ctx: EventContext, view: LedgerView, parent: dict, loan: dict, u
     loan["usage"] = {dim: used for dim, used in sorted(usage.items()) if used}
     ctx.audit(parent_id, None, model.AUDIT_LOAN_OPEN, model.AUDIT_LOAN_RETURNED,
               f"loan {loan_id} returned by {loan['borrower']}")
+    touch(ctx, view, parent)
+
+
+# -- retention ------------------------------------------------------------------------------------------
+
+
+def compact_parent(ctx: EventContext, view: LedgerView, parent: dict) -> None:
+    """A tick passed the closed parent's retention (model.CLOSED_PARENT_RETENTION_MS after it closed): delete its
+    children, its idempotency records and its pending timers, and cut the parent record down to a tombstone that
+    still says `closed` (SPEC §8), so a late event, a redelivery or a ParentReserved reusing the id gets
+    `parent_closed`, never a fresh ledger. A closed parent holds nothing (no live child, none in reconciliation,
+    nothing awaiting confirmation, no open loan), so nothing is released and no balance moves: its final balances
+    were published in its ParentSettled. One audit record says what was deleted."""
+    parent_id = parent["parent_id"]
+    children = parent["children"]
+    for child_id in children:
+        view.delete_child(parent_id, child_id)
+    idempotency = view.delete_idempotency_of(parent_id)
+    view.drop_timers_of(parent_id)
+    ctx.audit(parent_id, None, model.PARENT_CLOSED, model.PARENT_CLOSED,
+              f"compacted after its retention ({model.CLOSED_PARENT_RETENTION_MS} ms of ledger time since it closed "
+              f"at {parent['closed_at_ms']}): deleted {len(children)} children, {idempotency} idempotency records "
+              "and its pending timers; the parent is kept as a tombstone, late events get parent_closed")
+    parent["children"] = []
+    parent["winners"] = {}
+    parent["dimensions"] = {}
+    parent["loans"] = []
+    parent["compacted_at_ms"] = ctx.now_ms
     touch(ctx, view, parent)

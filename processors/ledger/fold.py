@@ -236,4 +236,5 @@ class Fold:
             if marks is not None:
                 marks.append((timer, len(out.releases), len(out.audits), len(out.settled)))
             fire_timer(ctx, self.view, *timer)
+        self.view.drop_timers()  # those of the parents this tick compacted
         return results.OK, ""

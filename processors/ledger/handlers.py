@@ -32,10 +32,18 @@ def _parent(ctx: EventContext, view: LedgerView, *, open_only: bool = False) -> 
     if parent is None:
         raise Reject(results.UNKNOWN_PARENT, f"no parent {parent_id!r}")
     if parent["status"] == model.PARENT_CLOSED:
-        raise Reject(results.PARENT_CLOSED, f"parent {parent_id!r} is closed")
+        raise Reject(results.PARENT_CLOSED, _closed_detail(parent))
     if open_only and parent["status"] != model.PARENT_OPEN:
         raise Reject(results.PARENT_CLOSED, f"parent {parent_id!r} is {parent['status']}: new work is fenced")
     return parent
+
+
+def _closed_detail(parent: dict) -> str:
+    if model.is_compacted(parent):
+        return (f"parent {parent['parent_id']!r} is closed and was compacted at ledger time "
+                f"{parent['compacted_at_ms']}: its children and idempotency records are gone, so a redelivery "
+                "cannot be told from a new event; nothing changes")
+    return f"parent {parent['parent_id']!r} is closed"
 
 
 def _child(view: LedgerView, parent: dict, child_id: str) -> dict:
@@ -160,7 +168,7 @@ def parent_reserved(ctx: EventContext, view: LedgerView) -> None:
     existing = view.parent(parent_id)
     if existing is not None:
         if existing["status"] == model.PARENT_CLOSED:
-            raise Reject(results.PARENT_CLOSED, f"parent {parent_id!r} is closed")
+            raise Reject(results.PARENT_CLOSED, _closed_detail(existing))
         raise Reject(results.INVALID_TRANSITION, f"parent {parent_id!r} is already reserved")
     _check_dimensions({"dimensions": event["capacity"]}, event["policy"]["lending_limit"], "lending_limit")
     lease_expires_at_ms = ctx.now_ms + event["lease_ttl_ms"]
@@ -541,6 +549,10 @@ def fire_timer(ctx: EventContext, view: LedgerView, deadline_ms: int, kind: str,
         if parent["status"] == model.PARENT_OPEN and parent["lease_expires_at_ms"] == deadline_ms:
             expire_parent(ctx, view, parent)
         return
+    if kind == model.TIMER_PARENT_RETENTION:
+        if parent["status"] == model.PARENT_CLOSED and not model.is_compacted(parent):
+            accounting.compact_parent(ctx, view, parent)
+        return
     child = view.child(parent_id, child_id)
     if child is None:
         return
@@ -558,6 +570,14 @@ def rebase_timers(ctx: EventContext, view: LedgerView, now_ms: int) -> None:
     time but the absence of one: they start now instead, so a parent reserved before the first tick does
     not expire at it. Deterministic like any other step: replay rebases the same timers at the same tick."""
     for deadline_ms, kind, parent_id, child_id in view.pop_due_timers(_FOREVER_MS):
+        if kind == model.TIMER_PARENT_RETENTION:  # closed at ledger time 0: its retention starts now too
+            parent = view.parent(parent_id)
+            if parent is None or parent["status"] != model.PARENT_CLOSED or model.is_compacted(parent):
+                continue
+            parent["closed_at_ms"] += now_ms
+            view.add_timer(deadline_ms + now_ms, kind, parent_id)
+            accounting.touch(ctx, view, parent)
+            continue
         record = view.parent(parent_id) if kind == model.TIMER_PARENT_LEASE else view.child(parent_id, child_id)
         field = "reconcile_deadline_ms" if kind == model.TIMER_RECONCILIATION else "lease_expires_at_ms"
         if record is None or record[field] != deadline_ms:

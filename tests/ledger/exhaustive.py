@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from branch_settlement.processors.ledger.auditor import AuditedFold, LedgerAuditor
 from branch_settlement.processors.ledger.outputs import OUTPUT_ROUTES, Outputs
+from branch_settlement.projections import model as ledger_model
 from branch_settlement.projections.store import MemoryStore
 from branch_settlement.projections.view import CacheBudget, LedgerView
 from branch_settlement.schemas.codec import default_codec
@@ -51,6 +52,9 @@ PARENT_TTL_MS = 30
 # Ticks after the start: past a lease granted at the start, past its reconciliation timeout (and a lease
 # granted after the first tick), past the parent's lease.
 TICKS_MS = (START_MS + 11, START_MS + 22, START_MS + 33)
+# The closed parent's retention (decision 22) within these ticks, so that sequences reach the compacted
+# tombstone and every event after it (explore sets projections/model.py's constant to it while it runs).
+RETENTION_MS = 10
 CHILDREN = {"c1": {"tokens": 4, "gpus": 1}, "c2": {"tokens": 4}}
 BRANCH = "b"
 CODEC = default_codec()
@@ -291,6 +295,15 @@ def start(name: str = "parent") -> Node:
 def explore(depth: int, deterministic_every: int = 1, report=None, start_name: str = "parent") -> dict:
     """Breadth first to `depth` events after the start. Returns the counts; raises CheckFailure.
     `deterministic_every`: apply every n-th step twice to compare bytes (1: every step)."""
+    retention = ledger_model.CLOSED_PARENT_RETENTION_MS
+    ledger_model.CLOSED_PARENT_RETENTION_MS = RETENTION_MS
+    try:
+        return _explore(depth, deterministic_every, report, start_name)
+    finally:
+        ledger_model.CLOSED_PARENT_RETENTION_MS = retention
+
+
+def _explore(depth: int, deterministic_every: int, report, start_name: str) -> dict:
     events = UNIVERSES[STARTS[start_name][0]][0]()
     root = start(start_name)
     seen = {root.state}

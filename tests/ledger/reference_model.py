@@ -139,6 +139,13 @@ class ModelLoan:
         self.usage: dict[str, int] = {}
 
 
+# Retention (decision 22): a parent closed this long ago in ledger time is compacted when a tick reaches
+# closed_at + retention: its children, loans, balances and idempotency records are forgotten, it stays `closed`
+# (late events: `parent_closed`, a redelivery no longer `duplicate`). None: never. The tests set it with the
+# fold's (projections/model.py CLOSED_PARENT_RETENTION_MS) to reach it within their ticks.
+RETENTION_MS: int | None = 7 * 24 * 3600 * 1000
+
+
 class ModelParent:
     def __init__(self, capacity: dict, lease_deadline: int, policy: dict) -> None:
         self.lending_limit = dict(policy["lending_limit"])
@@ -154,6 +161,8 @@ class ModelParent:
         self.overdrawn = {dim: 0 for dim in self.capacity}
         self.children: dict[str, ModelChild] = {}
         self.winners: dict[str, str] = {}
+        self.closed_at: int | None = None
+        self.compacted = False
 
     def balance(self, dim: str) -> dict:
         kids = self.children.values()
@@ -241,9 +250,13 @@ class Model:
                         child.lease_deadline += now
                     if child.recon_deadline is not None:
                         child.recon_deadline += now
+                if parent.closed_at is not None:
+                    parent.closed_at += now
         self.ticked, self.now, self.last_tick = True, now, e["idempotency_key"]
         for pid, parent in self.parents.items():
             if parent.status == "closed":
+                if RETENTION_MS is not None and not parent.compacted and parent.closed_at + RETENTION_MS <= now:
+                    self._compact(pid, parent)
                 continue
             if parent.status == "open" and parent.lease_deadline <= now:
                 parent.status = "expired"
@@ -384,6 +397,14 @@ class Model:
                 c.state in HOLDING or any(c.awaiting.values()) for c in parent.children.values()) \
                 and not any(loan.open for loan in parent.loans.values()):
             parent.status = "closed"
+            parent.closed_at = self.now
+
+    def _compact(self, pid: str, parent: ModelParent) -> None:
+        parent.compacted = True
+        parent.children, parent.loans, parent.winners = {}, {}, {}
+        parent.capacity, parent.kind, parent.returned, parent.overdrawn = {}, {}, {}, {}
+        for ident in [ident for ident in self.applied if ident[0] == pid]:
+            del self.applied[ident]
 
     def _ask_back(self, pid: str, loan_id: str, loan: ModelLoan) -> None:
         assert not loan.asked, (pid, loan_id)

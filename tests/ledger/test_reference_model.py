@@ -530,6 +530,18 @@ def test_fold_matches_model(seed: int) -> None:
     check_seed(seed)
 
 
+@pytest.mark.parametrize("seed", range(1000, 1040), ids=lambda s: f"seed-{s}")
+def test_fold_matches_model_with_a_short_retention(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retention (decision 22) within the streams' ledger time: closed parents are compacted by later ticks, and
+    the events that follow (redeliveries, late reports, a ParentReserved reusing the id) meet the tombstone."""
+    from branch_settlement.projections import model as ledger_model
+    from tests.ledger import reference_model
+
+    monkeypatch.setattr(ledger_model, "CLOSED_PARENT_RETENTION_MS", 300_000)
+    monkeypatch.setattr(reference_model, "RETENTION_MS", 300_000)
+    check_seed(seed, length=600)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(min_value=150, max_value=2**32))
 def test_fold_matches_model_on_hypothesis_seeds(seed: int) -> None:

@@ -135,7 +135,8 @@ def test_one_tick_touching_every_parent_spills_its_changes_and_changes_nothing()
 def new_parent(parent_id: str) -> dict:
     return {"parent_id": parent_id, "status": "open", "outcome": None, "lease_expires_at_ms": 5,
             "max_live_children": 4, "reconciliation_timeout_ms": 10, "lending_limit": {}, "live_children": 0,
-            "open_children": 0, "children": ["c1", "c2"], "winners": {}, "dimensions": {}, "loans": []}
+            "open_children": 0, "children": ["c1", "c2"], "winners": {}, "dimensions": {}, "loans": [],
+            "closed_at_ms": None, "compacted_at_ms": None}
 
 
 def test_a_spilled_change_is_read_back_and_committed_as_it_was() -> None:
