@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         document["simulation"] = simulation or previous.get("simulation")
         document["wall_s"] = previous["wall_s"]
         document["git_commit"] = previous["git_commit"]
+        document["git_commit_at_end"] = previous.get("git_commit_at_end", previous["git_commit"])
         document["ok"] = all(s.get("ok") for s in document["scenarios"]) and (
             document["simulation"] is None or document["simulation"]["ok"])
     scenarios = document["scenarios"]

@@ -105,6 +105,8 @@ def test_transaction_coordinator_killed_under_load(cluster: ReplicatedCluster, t
     assert_exactly_once(report, "coordinator_kill")
     assert report["faults"]["txn_coordinator_kill_9"] == 2
     assert {"R1", "R2"} <= set(report["invariants"])
+    # A failover is no hanging transaction: the stability watch must not cry wolf (docs/faults.md, finding 5).
+    assert report["critical_log_lines"] == 0
     layout, survived = report["invariants"]["R1"], report["invariants"]["R2"]
     assert layout["internal_topics"] == ["__consumer_offsets", "__transaction_state"] and layout["isr_whole_at_end"]
     # Records were committed before each kill, and every one of them survived it.
