@@ -165,6 +165,10 @@ class FakeProducer:
     def poll(self, timeout=0) -> int:
         return 0
 
+    def __len__(self) -> int:
+        """Messages produced and not yet delivered (the processor's queue gauge)."""
+        return len(self.deliveries)
+
     def flush(self, timeout=None) -> int:
         failure = self.plan.take("delivery_failed")
         self.txn_failed = self.txn_failed or (failure and bool(self.deliveries))

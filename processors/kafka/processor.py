@@ -60,7 +60,7 @@ class Processor:
         view.set_cache_budget(config.view_cache_mb * 1024 * 1024)
         self.codec = codec or default_codec()
         self.metrics = metrics or Metrics()
-        # librdkafka's statistics, for the group consumer and the producer alone (never the shared settings).
+        # librdkafka's statistics, for the group consumer alone (never the shared settings).
         self.statistics = client_statistics(config, self.metrics, topics["branch-events"])
         self.clock = clock
         self.tasks: dict[int, PartitionTask] = {}
@@ -83,7 +83,10 @@ class Processor:
     # -- clients and the group ----------------------------------------------------------------------------
 
     def _new_producer(self) -> Producer:
-        return new_producer(self.config, self.statistics)
+        # No statistics for the producer: its transactional calls run on worker threads (txn_guard.bounded),
+        # where a flush once failed with SystemError (returned NULL without setting an exception) under a
+        # coordinator kill with its stats_cb on. Its queue is read on the loop instead (step).
+        return new_producer(self.config)
 
     def _subscribe(self) -> None:
         self.consumer = new_consumer(self.config, self.statistics)
@@ -170,6 +173,7 @@ class Processor:
         self.events_since_checkpoint += schedule_ticks(self.tasks.values(), self.config.tick_interval_ms, self.clock,
                                                        self._fold_tick)
         self.stability.poll()
+        self.metrics.kafka_queue_messages.set(len(self.producer))
         if self._checkpoint_due():
             self.checkpoint()
 

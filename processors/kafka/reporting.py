@@ -474,8 +474,10 @@ def client_statistics(config: ProcessorConfig, metrics: Metrics, input_topic: st
 class ClientStatistics:
     """librdkafka's `stats_cb`: a few numbers of its JSON statistics, served on the loop (consume, poll,
     flush) every statistics.interval.ms. From the group consumer (the one reading the input topic): each
-    partition's records not yet handed to the processor and the assignment's size. From the transactional
-    producer: its queue and the p50 and p99 round trip of its requests to each broker. Any other client (the
+    partition's records not yet handed to the processor and the assignment's size (its round trips include its
+    fetch waits: not exported). From a transactional producer, should one be given it: its queue and the p50
+    and p99 round trip of its requests to each broker (the processor's has none: its transactional calls run on
+    worker threads, txn_guard.py, decision 20). Any other client (the
     restore's consumer) is ignored. Never raises: an exception here would surface from the client's call."""
 
     def __init__(self, metrics: Metrics, input_topic: str) -> None:
@@ -521,6 +523,11 @@ class ClientStatistics:
         metrics = self._metrics
         metrics.kafka_queue_messages.set(stats.get("msg_cnt", 0))
         metrics.kafka_queue_bytes.set(stats.get("msg_size", 0))
+        self._round_trips(stats)
+        metrics.kafka_statistics.labels("producer").set(time.time())
+
+    def _round_trips(self, stats: dict) -> None:
+        metrics = self._metrics
         for broker in stats.get("brokers", {}).values():
             rtt = broker.get("rtt") or {}
             if broker.get("nodeid", -1) < 0 or not rtt.get("cnt"):
@@ -528,4 +535,3 @@ class ClientStatistics:
             node = str(broker["nodeid"])
             metrics.kafka_rtt.labels(node, "0.5").set(rtt.get("p50", 0) / 1e6)
             metrics.kafka_rtt.labels(node, "0.99").set(rtt.get("p99", 0) / 1e6)
-        metrics.kafka_statistics.labels("producer").set(time.time())

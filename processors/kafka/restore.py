@@ -16,6 +16,7 @@ from typing import Callable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from branch_settlement.processors.kafka import faults
+from branch_settlement.processors.kafka.clients import high_watermark
 from branch_settlement.processors.kafka.errors import KafkaFailure
 from branch_settlement.processors.kafka.partition import INPUT_POSITION_KEY, input_position
 from branch_settlement.projections.store import NO_OFFSET, Store
@@ -57,7 +58,8 @@ def restore(stores: dict[int, Store], client_config: dict, topic: str, group_id:
                 raise KafkaFailure(f"partition {partition}: the projection covers input offset {position}, beyond "
                                    f"the committed {target}: delete {store.path if hasattr(store, 'path') else 'it'} "
                                    "to rebuild it")
-            _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=WATERMARK_TIMEOUT_S)
+            # asked again while the broker is not ready (no leader yet, a leader moving): not a reason to stop
+            high = high_watermark(consumer, TopicPartition(topic, partition), timeout_s=WATERMARK_TIMEOUT_S)
             if stored + 1 < high or (target >= 0 and (position or 0) < target):
                 todo[partition] = OFFSET_BEGINNING if stored == NO_OFFSET else stored + 1
         if todo:

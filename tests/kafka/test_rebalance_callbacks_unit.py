@@ -40,3 +40,30 @@ def test_the_partition_count_is_asked_of_the_producer_not_the_group_consumer() -
     processor.producer = Producer()
     assert processor._partition_count(GroupConsumer()) == 8
     assert processor.producer.asked == 1
+
+
+class NotLeaderOnce:
+    """A consumer whose first watermark request meets a partition whose leader is moving."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def get_watermark_offsets(self, tp, timeout):
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.calls += 1
+        if self.calls == 1:
+            raise KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
+        return 0, 42
+
+
+def test_a_leader_moving_while_a_partition_is_restored_is_waited_out() -> None:
+    """The restore of a newly assigned partition asks its changelog's end: a NOT_LEADER_FOR_PARTITION there (a
+    leader moving, a topic just created) stopped the processor with exit 2; it is asked again."""
+    from confluent_kafka import TopicPartition
+
+    from branch_settlement.processors.kafka.clients import high_watermark
+
+    consumer = NotLeaderOnce()
+    assert high_watermark(consumer, TopicPartition("ledger-changelog", 0), timeout_s=5) == 42
+    assert consumer.calls == 2
