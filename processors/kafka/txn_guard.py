@@ -19,7 +19,7 @@ import logging
 import threading
 from typing import Callable, TypeVar
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 from branch_settlement.processors.kafka.errors import TooManyStuckCalls, TransactionCallStuck
 
@@ -45,8 +45,12 @@ def bounded(what: str, call: Callable[..., T], *args, timeout_s: float) -> T:
             box["value"] = call(*args)
         except SystemError as exc:
             # confluent-kafka: a fatal error (e.g. _FENCED) raised while a delivery callback was running
-            # surfaces as a SystemError caused by the KafkaException: that is the error to handle.
-            box["error"] = exc.__cause__ if isinstance(exc.__cause__, KafkaException) else exc
+            # surfaces as a SystemError caused by the KafkaException: that is the error to handle. One with no
+            # cause ("returned NULL without setting an exception", seen from flush under a coordinator kill)
+            # says only that the call failed: a failed call of the transaction, handled as any other (the
+            # transaction aborted or resolved by the next producer), never a crash of the processor.
+            box["error"] = exc.__cause__ if isinstance(exc.__cause__, KafkaException) else KafkaException(
+                KafkaError(KafkaError._FAIL, f"{what} failed inside confluent-kafka ({exc})"))
         except BaseException as exc:  # re-raised in the caller's thread
             box["error"] = exc
         finally:

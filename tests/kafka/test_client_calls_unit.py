@@ -1,8 +1,11 @@
-"""What the processor may call inside its group consumer's rebalance callbacks. They run inside the consumer's
-consume(); a call of the same client that enters librdkafka with confluent-kafka's call state (list_topics,
-poll, consume, close) clears the outer call's state when it returns, and the next callback consume() serves
-(a statistics report, a log line) aborts the process (CallState_get: Assertion `cs != NULL'). So the input's
-partition count, asked on every assignment, comes from the producer (decision 20)."""
+"""How the processor calls its Kafka clients so that confluent-kafka's own failures never stop it.
+
+Inside the group consumer's rebalance callbacks: they run inside the consumer's consume(); a call of the same
+client that enters librdkafka with confluent-kafka's call state (list_topics, poll, consume, close) clears the
+outer call's state when it returns, and the next callback consume() serves (a statistics report, a log line)
+aborts the process (CallState_get: Assertion `cs != NULL'). So the input's partition count, asked on every
+assignment, comes from the producer (decision 20). And the errors a call can meet that are not the
+processor's to stop for: a leader moving, a transactional call failing inside confluent-kafka."""
 
 from __future__ import annotations
 
@@ -67,3 +70,29 @@ def test_a_leader_moving_while_a_partition_is_restored_is_waited_out() -> None:
     consumer = NotLeaderOnce()
     assert high_watermark(consumer, TopicPartition("ledger-changelog", 0), timeout_s=5) == 42
     assert consumer.calls == 2
+
+
+def test_a_transactional_call_failing_inside_confluent_kafka_is_a_failed_call_not_a_crash() -> None:
+    """A SystemError with no cause ('returned NULL without setting an exception', from flush under a
+    coordinator kill) ended the processor with a traceback (exit 1); it is a failed call of the transaction,
+    which the checkpoint aborts and retries like any KafkaException. One caused by a KafkaException (a fatal
+    error raised in a delivery callback) is that KafkaException."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from branch_settlement.processors.kafka.txn_guard import bounded
+
+    def null_without_exception():
+        raise SystemError("<built-in method flush> returned NULL without setting an exception")
+
+    with pytest.raises(KafkaException) as failed:
+        bounded("flush", null_without_exception, timeout_s=5)
+    assert failed.value.args[0].code() == KafkaError._FAIL and "flush failed inside confluent-kafka" in str(failed.value)
+
+    fenced = KafkaException(KafkaError(KafkaError._FENCED))
+
+    def caused():
+        raise SystemError("callback") from fenced
+
+    with pytest.raises(KafkaException) as raised:
+        bounded("commit_transaction", caused, timeout_s=5)
+    assert raised.value is fenced
