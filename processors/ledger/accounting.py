@@ -72,19 +72,22 @@ def commit_usage(ctx: EventContext, view: LedgerView, parent: dict, child: dict,
         if within:
             balance[term] -= within
         balance["committed"] += quantity
-        note = "usage committed"
-        if excess:
-            drawn = min(excess, balance["available"])
-            balance["available"] -= drawn
-            balance["overdrawn"] += excess - drawn
-            if excess - drawn:
-                ctx.overdrawn = True
-                note = f"overrun of {excess}: {drawn} drawn from available, {excess - drawn} overdrawn"
-            else:
-                note = f"overrun of {excess} drawn from available"
+        note = draw_overrun(ctx, balance, excess) if excess else "usage committed"
         consumed[dim] = consumed.get(dim, 0) + quantity
         ctx.audit(parent["parent_id"], child, child["state"], child["state"], note, dim, quantity)
     touch(ctx, view, parent, child)
+
+
+def draw_overrun(ctx: EventContext, balance: dict, excess: int) -> str:
+    """Usage beyond what was held (an overrun, SPEC §6), already in `committed`: drawn from the parent's
+    `available`, the rest `overdrawn` (the event's result then says so). Returns the audit note."""
+    drawn = min(excess, balance["available"])
+    balance["available"] -= drawn
+    balance["overdrawn"] += excess - drawn
+    if excess - drawn:
+        ctx.overdrawn = True
+        return f"overrun of {excess}: {drawn} drawn from available, {excess - drawn} overdrawn"
+    return f"overrun of {excess} drawn from available"
 
 
 def destination(parent: dict) -> tuple[str, str]:
@@ -317,17 +320,7 @@ def return_loan(ctx: EventContext, view: LedgerView, parent: dict, loan: dict, u
         balance["lent"] -= quantity
         balance["committed"] += used
         if used:
-            note = f"loan {loan_id}: usage committed"
-            if excess:
-                drawn = min(excess, balance["available"])
-                balance["available"] -= drawn
-                balance["overdrawn"] += excess - drawn
-                if excess - drawn:
-                    ctx.overdrawn = True
-                    note = (f"loan {loan_id}: overrun of {excess}: {drawn} drawn from available, "
-                            f"{excess - drawn} overdrawn")
-                else:
-                    note = f"loan {loan_id}: overrun of {excess} drawn from available"
+            note = f"loan {loan_id}: " + (draw_overrun(ctx, balance, excess) if excess else "usage committed")
             ctx.audit(parent_id, None, model.AUDIT_LOAN_OPEN, model.AUDIT_LOAN_OPEN, note, dim, used)
         left = quantity - within
         if left:
