@@ -54,6 +54,7 @@ def run_shares(share: Share, job, order: list[int], jobs: int, progress: Progres
 
         results = share(job, claimer(order, next_index), own_progress, codec)
         gather_workers(workers, results, KafkaFailure)
+        progress.update(own_done + counter.value)  # what the other processes folded after this one's last count
         return results
     finally:
         stop_workers(workers)

@@ -73,6 +73,7 @@ def audit_replay(client_config: dict, names: dict[str, str], codec: Codec, *, pa
                store_factory, committed)
     processes = process_count(jobs, partitions, codec, store_factory)
     by_partition = run_shares(_replay_share, job, order, processes, progress, codec)
+    progress.complete()  # every input record was read (the workers' counts reach the bar only now and then)
     progress.finish()
     # divergences in the order a sequential replay reports them: topic by topic, then the ledgers
     for section in (*DERIVED, DEAD_LETTER_TOPIC, TICKS_SECTION, "ledger"):
