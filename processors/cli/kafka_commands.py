@@ -94,7 +94,7 @@ def add_produce(commands) -> None:
     p = commands.add_parser(
         "produce", help="publish a JSON Lines file of events to branch-events",
         description="Publish events in their JSON form (`settle contract`, \"Events in\"), one per line, as an orchestrator's adapter "
-                    "would: validated, Avro single-object encoded, keyed by parent_id (Kafka's murmur2 "
+                    "would: validated, Avro single-object encoded (or Confluent frames: --wire-format), keyed by parent_id (Kafka's murmur2 "
                     "partitioner), idempotent producer. Lines that are not valid events, and Tick lines (only "
                     "the processor advances ledger time), are reported with their line number and not sent; "
                     "the exit code is then 1.")
