@@ -10,11 +10,24 @@ STAMP  := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The compiled hot path (native/, Rust with PyO3, built by pip with maturin) where a Rust toolchain is; without one
+# the pure-Python implementation runs (docs/implementations.md). SETTLE_NATIVE=0 skips the build.
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml $(wildcard native/src/*.rs)
+SETTLE_NATIVE ?= 1
+
+$(STAMP): pyproject.toml $(NATIVE_SOURCES)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
+	@if [ "$(SETTLE_NATIVE)" = 0 ]; then \
+		echo "make install: SETTLE_NATIVE=0, the pure-Python implementation only"; \
+	elif command -v cargo >/dev/null 2>&1; then \
+		echo "make install: building the compiled hot path (native/, about 2 minutes the first time)"; \
+		$(BIN)/pip install --quiet ./native; \
+	else \
+		echo "make install: no Rust toolchain (cargo), so the pure-Python implementation only (docs/implementations.md)"; \
+	fi
 	@touch $(STAMP)
 
 demo: install broker
@@ -72,4 +85,4 @@ faults: install kafka-up
 	$(BIN)/python -m faults.run
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis native/target

@@ -2,8 +2,9 @@
 resolved by fingerprint, container files, the canonical JSON form), `default_codec`, and the record names
 EVENT_TYPES, OUTPUT_TYPES, LEDGER_TYPES.
 
-Records are read and written by readers and writers generated from the schemas (schemas/codegen.py), which give
-up to fastavro on anything unusual, so the bytes, records and errors are fastavro's either way.
+Records are read and written by readers and writers generated from the schemas (schemas/codegen.py), or by the
+compiled module's readers and writers of the same plans (native/, selected by schemas/native.py), which give up
+to fastavro on anything unusual, so the bytes, records and errors are fastavro's either way.
 
 Every record on a topic or in the changelog is written as the Avro single-object encoding:
 
@@ -35,6 +36,7 @@ from typing import IO, Any
 import fastavro
 from fastavro import schemaless_reader, schemaless_writer
 
+from branch_settlement.schemas import native
 from branch_settlement.schemas.codegen import NotPlain, compile_decoder, compile_encoder
 from branch_settlement.schemas.limits import MAX_EVENT_BYTES
 from branch_settlement.schemas.errors import CodecError
@@ -82,12 +84,15 @@ class Codec:
     shared. `default_codec()` returns a shared instance for the packaged schemas.
     """
 
-    def __init__(self, schema_dir: str | os.PathLike[str] = SCHEMA_DIR) -> None:
+    def __init__(self, schema_dir: str | os.PathLike[str] = SCHEMA_DIR, implementation: str | None = None) -> None:
+        # native.COMPILED or native.PYTHON (schemas/native.py): whose readers and writers run; the same bytes.
+        self.implementation = native.select(implementation)
         registry = load_registry(Path(schema_dir))
         self._current = registry.current
         self._headers = {name: version.header for name, version in registry.current.items()}
         self._parsed = {name: version.parsed for name, version in registry.current.items()}
-        self._encoders = {name: compile_encoder(v.parsed, v.header) for name, v in registry.current.items()}
+        impl = self.implementation
+        self._encoders = {name: compile_encoder(v.parsed, v.header, impl) for name, v in registry.current.items()}
         # fingerprint -> (short name, writer schema, reader schema or None when the writer is current)
         self._readers: dict[bytes, tuple[str, dict[str, Any], dict[str, Any] | None]] = {
             fp: (v.name, v.parsed, None if v.current else registry.current[v.name].parsed)
@@ -98,11 +103,11 @@ class Codec:
         self._fast_readers: dict[bytes, tuple[str, Callable[[bytes], dict[str, Any]]]] = {}
         self._fast_event_readers: dict[bytes, Callable[[bytes], dict[str, Any]]] = {}
         for v in registry.current.values():
-            decoder = compile_decoder(v.parsed, HEADER_SIZE)
+            decoder = compile_decoder(v.parsed, HEADER_SIZE, None, impl)
             if decoder is not None:
                 self._fast_readers[v.fingerprint] = (v.name, decoder)
             if v.namespace == EVENTS_NAMESPACE:
-                event_decoder = compile_decoder(v.parsed, HEADER_SIZE, {"type": v.name})
+                event_decoder = compile_decoder(v.parsed, HEADER_SIZE, {"type": v.name}, impl)
                 if event_decoder is not None:
                     self._fast_event_readers[v.fingerprint] = event_decoder
         self._event_shapes = {v.name: EventShape(v.name, v.parsed) for v in events}

@@ -31,6 +31,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+from branch_settlement.schemas import native
 from branch_settlement.schemas.errors import CodecError
 
 _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
@@ -303,9 +304,47 @@ def _named_of(schema: Any) -> dict[str, Any]:
     return schema.get("__named_schemas", {}) if isinstance(schema, dict) else {}
 
 
-def compile_encoder(schema: Any, header: bytes) -> Callable[[Any], bytes]:
-    """`header` + the Avro binary encoding of a record of parsed `schema`: a generated function that raises
-    NotPlain for anything it leaves to fastavro (every record, if the schema is not one it compiles)."""
+# Plan kinds, numbered as native/src/lib.rs reads them (schemas/native.py: PLAN_VERSION).
+_PLAN_KINDS = {"null": 0, "boolean": 1, "long": 2, "int": 2, "string": 3, "bytes": 4}
+_PLAN_RECORD, _PLAN_MAP, _PLAN_ARRAY, _PLAN_UNION = 5, 6, 7, 8
+
+
+def _plan(g: _Gen, schema: Any, stack: tuple[str, ...], writing: bool) -> tuple[Any, ...]:
+    """What `_emit_write` (writing) or `_emit_read` generates for `schema`, as data for the compiled module: nested
+    tuples, the kind first. The same resolution and the same refusals (_Unsupported), so the compiled reader and
+    writer take exactly the schemas the generated ones take."""
+    schema, stack = g.resolve(schema, stack)
+    if isinstance(schema, list):
+        if writing:
+            other = [branch for branch in schema if branch != _NULL]
+            if len(schema) != 2 or len(other) != 1 or g.resolve(other[0], stack)[0] == "int":
+                raise _Unsupported("union")
+        elif len(schema) > 64:
+            raise _Unsupported("union")
+        return (_PLAN_UNION, tuple(_plan(g, branch, stack, writing) for branch in schema))
+    kind = schema if isinstance(schema, str) else schema["type"]
+    if kind in _PLAN_KINDS:
+        return (_PLAN_KINDS[kind],)
+    if kind == "record":
+        fields = schema["fields"]
+        return (_PLAN_RECORD, tuple(field["name"] for field in fields),
+                tuple(_plan(g, field["type"], stack, writing) for field in fields))
+    if kind == "map":
+        return (_PLAN_MAP, _plan(g, schema["values"], stack, writing))
+    if kind == "array":
+        return (_PLAN_ARRAY, _plan(g, schema["items"], stack, writing))
+    raise _Unsupported(kind)
+
+
+def compile_encoder(schema: Any, header: bytes, implementation: str = native.PYTHON) -> Callable[[Any], bytes]:
+    """`header` + the Avro binary encoding of a record of parsed `schema`: a function that raises NotPlain for
+    anything it leaves to fastavro (every record, if the schema is not one it compiles). `implementation`
+    native.COMPILED: the compiled module's writer of the same plan (where it compiles the schema)."""
+    if implementation == native.COMPILED:
+        try:
+            return native.module().Encoder(_plan(_Gen(_named_of(schema)), schema, (), True), header, NotPlain)
+        except _Unsupported:
+            pass  # the generated writer decides, as below
     g = _Gen(_named_of(schema))
     g.emit(0, "def encode(value):")
     g.emit(1, "parts = [HEADER]")
@@ -321,11 +360,20 @@ def compile_encoder(schema: Any, header: bytes) -> Callable[[Any], bytes]:
     return _compile("\n".join(g.lines) + "\n", "encode", {"HEADER": header, **g.constants})
 
 
-def compile_decoder(schema: Any, header_size: int,
-                    head: dict[str, Any] | None = None) -> Callable[[bytes], dict[str, Any]] | None:
+def compile_decoder(schema: Any, header_size: int, head: dict[str, Any] | None = None,
+                    implementation: str = native.PYTHON) -> Callable[[bytes], dict[str, Any]] | None:
     """The record of single-object encoded bytes written with parsed `schema` (the first `header_size` bytes, the
     header, are not checked), with the items of `head` first; None if the schema is not one it compiles. Raises on
-    anything left to fastavro."""
+    anything left to fastavro. `implementation` native.COMPILED: the compiled module's reader of the same plan."""
+    if implementation == native.COMPILED:
+        g = _Gen(_named_of(schema))
+        try:
+            resolved, stack = g.resolve(schema, ())
+            if isinstance(resolved, dict) and resolved["type"] == "record":
+                return native.module().Decoder(_plan(g, resolved, stack, False), header_size, dict(head or {}),
+                                               NotPlain, CodecError)
+        except _Unsupported:
+            pass  # the generated reader decides, as below
     schema_named = _named_of(schema)
     g = _Gen(schema_named)
     g.emit(0, "def decode(data):")

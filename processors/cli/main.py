@@ -8,6 +8,7 @@ KafkaException) is mapped to the same one-line errors (processors/kafka/prefligh
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from importlib.metadata import PackageNotFoundError, version
@@ -17,6 +18,7 @@ from confluent_kafka import KafkaException
 from branch_settlement.processors.cli import audit
 from branch_settlement.processors.cli import replay as replay_cli
 from branch_settlement.errors import SettlementError
+from branch_settlement.schemas import native
 from branch_settlement.processors.kafka import config as cfg
 
 # One meaning per exit code, for every command: 0 done (a replay agrees, topics and ACLs as specified);
@@ -42,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
                "stderr says what).",
     )
     parser.add_argument("--version", action="version", version=f"settle {_version()}")
+    parser.add_argument("--implementation", choices=native.CHOICES, default=None,
+                        help="the hot path that runs: compiled (native/, built by `make install` where Rust is; "
+                             "the default where installed), python (the pure-Python reference), or auto. Sets "
+                             f"{native.ENV} for the command and its workers, so that `settle replay --topic` can "
+                             "re-derive a live run with the other implementation")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     replay_cli.add_parsers(commands)
     audit.add_parser(commands)
@@ -89,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.implementation is not None:
+            os.environ[native.ENV] = args.implementation
+        native.select()  # an unknown choice, or compiled where it is not installed: one line now
         if getattr(args, "before_preflight", None) is not None:
             args.before_preflight(args)
         # every setting of the deployment's config file a command has a flag for: flag < env < file < default

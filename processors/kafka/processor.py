@@ -36,6 +36,7 @@ from branch_settlement.processors.kafka.reporting import (EventCounters, client_
 from branch_settlement.processors.kafka.stability import StabilityWatch, stall_threshold_s
 from branch_settlement.processors.kafka.ticks import schedule_ticks
 from branch_settlement.projections import view
+from branch_settlement.schemas import native
 from branch_settlement.schemas.codec import Codec, CodecError, default_codec
 
 if TYPE_CHECKING:
@@ -144,7 +145,8 @@ class Processor:
             self.metrics.serve(self.config.metrics_port)
         self.producer = self._new_producer()
         self._subscribe()
-        log.info("processor running: group %s, input %s", self.config.group_id, self.topics["branch-events"])
+        log.info("processor running: group %s, input %s, implementation %s", self.config.group_id,
+                 self.topics["branch-events"], native.describe(self.codec.implementation))
         try:
             while not should_stop():
                 self.step()

@@ -29,7 +29,8 @@ from branch_settlement.processors.ledger.outputs import Outputs
 from branch_settlement.processors.ledger.validation import validate
 from branch_settlement.projections import model
 from branch_settlement.projections.view import LedgerView
-from branch_settlement.schemas.codec import EVENT_TYPES, default_codec
+from branch_settlement.schemas.codec import EVENT_TYPES, SCHEMA_DIR
+from branch_settlement.schemas.registry import load_registry
 from branch_settlement.schemas.partitioning import partition_of
 from branch_settlement.schemas.event_json import compile_sorted_json
 
@@ -53,8 +54,8 @@ def _canonical_json(event: dict) -> str:
 def _sorted_json_writers() -> dict:
     """Per event type, the same text as `_canonical_json` written by a function generated from the event's
     schema (schemas/event_json.py), or None where it is not sure (then `_canonical_json` writes it)."""
-    codec = default_codec()
-    return {name: compile_sorted_json(name, codec.version(name).parsed, DELIVERY_FIELDS) for name in EVENT_TYPES}
+    current = load_registry(SCHEMA_DIR).current  # at import: no codec yet (its implementation is chosen later)
+    return {name: compile_sorted_json(name, current[name].parsed, DELIVERY_FIELDS) for name in EVENT_TYPES}
 
 
 _SORTED_JSON = _sorted_json_writers()

@@ -16,7 +16,8 @@ from branch_settlement.processors.ledger.outputs import Outputs
 from branch_settlement.processors.workload import Generator, Mix
 from branch_settlement.projections.store import MemoryStore
 from branch_settlement.projections.view import LedgerView
-from branch_settlement.schemas import EVENT_TYPES, LEDGER_TYPES, OUTPUT_TYPES, CodecError, default_codec
+from branch_settlement.schemas import EVENT_TYPES, LEDGER_TYPES, OUTPUT_TYPES, CodecError, native
+from branch_settlement.schemas.codec import Codec
 from tests.schemas.test_codec import sample, strategy
 
 pytestmark = pytest.mark.unit
@@ -24,9 +25,12 @@ pytestmark = pytest.mark.unit
 ALL_TYPES = EVENT_TYPES + OUTPUT_TYPES + LEDGER_TYPES
 
 
-@pytest.fixture(scope="module")
-def codec():
-    return default_codec()
+@pytest.fixture(scope="module", params=[native.COMPILED, native.PYTHON])
+def codec(request):
+    """Each implementation's codec (schemas/native.py), held to fastavro alike; the compiled one must be built."""
+    if request.param == native.COMPILED and native.module() is None:
+        pytest.fail("the compiled implementation is not installed: `make install` builds it (native/)")
+    return Codec(implementation=request.param)
 
 
 def fastavro_bytes(codec, name, record):

@@ -1,0 +1,404 @@
+//! The compiled hot path of branch-settlement: Avro binary readers and writers of its records, behind the
+//! interface of the generated Python ones (schemas/codegen.py), which stay the reference.
+//!
+//! A schema arrives as a *plan* built in Python (`codegen.plan`): nested tuples whose first item is the kind.
+//! What the plan says is exactly what the generated Python code does, and this module decides nothing of its
+//! own: a writer takes only plain values and raises NotPlain on anything else, so that `Codec` hands the record
+//! to fastavro; a reader takes only the canonical encodings the Python reader takes and raises NotPlain on
+//! anything else, and CodecError (with the same message) for a varint beyond 64 bits.
+//! tests/schemas/test_native_codec.py holds both to the Python ones, byte for byte and error for error.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString, PyTuple, PyType};
+
+// Plan kinds, as codegen.py numbers them.
+const NULL: u8 = 0;
+const BOOLEAN: u8 = 1;
+const LONG: u8 = 2;
+const STRING: u8 = 3;
+const BYTES: u8 = 4;
+const RECORD: u8 = 5;
+const MAP: u8 = 6;
+const ARRAY: u8 = 7;
+const UNION: u8 = 8;
+
+enum Node {
+    Null,
+    Boolean,
+    Long,
+    Str,
+    Bytes,
+    Record { keys: Vec<Py<PyString>>, fields: Vec<Node> },
+    Map(Box<Node>),
+    Array(Box<Node>),
+    Union(Vec<Node>),
+}
+
+fn build(plan: &Bound<'_, PyAny>) -> PyResult<Node> {
+    let plan = plan.downcast::<PyTuple>()?;
+    let kind: u8 = plan.get_item(0)?.extract()?;
+    Ok(match kind {
+        NULL => Node::Null,
+        BOOLEAN => Node::Boolean,
+        LONG => Node::Long,
+        STRING => Node::Str,
+        BYTES => Node::Bytes,
+        RECORD => {
+            let py = plan.py();
+            let names = plan.get_item(1)?;
+            let mut keys = Vec::new();
+            for name in names.try_iter()? {
+                let name: String = name?.extract()?;
+                keys.push(PyString::intern(py, &name).unbind());
+            }
+            let mut fields = Vec::new();
+            for field in plan.get_item(2)?.try_iter()? {
+                fields.push(build(&field?)?);
+            }
+            if keys.len() != fields.len() {
+                return Err(PyValueError::new_err("a record plan needs one plan per field"));
+            }
+            Node::Record { keys, fields }
+        }
+        MAP => Node::Map(Box::new(build(&plan.get_item(1)?)?)),
+        ARRAY => Node::Array(Box::new(build(&plan.get_item(1)?)?)),
+        UNION => {
+            let mut branches = Vec::new();
+            for branch in plan.get_item(1)?.try_iter()? {
+                branches.push(build(&branch?)?);
+            }
+            if branches.is_empty() || branches.len() > 64 {
+                return Err(PyValueError::new_err("a union plan needs 1 to 64 branches"));
+            }
+            Node::Union(branches)
+        }
+        other => return Err(PyValueError::new_err(format!("unknown plan kind {other}"))),
+    })
+}
+
+// ---- writing ------------------------------------------------------------------------------------------------
+
+/// Anything a writer does not take: the caller raises NotPlain.
+struct NotPlain;
+
+#[inline]
+fn put_long(out: &mut Vec<u8>, value: i64) {
+    let mut n = ((value << 1) ^ (value >> 63)) as u64;
+    while n > 0x7F {
+        out.push((n as u8 & 0x7F) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+fn write(node: &Node, value: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> Result<(), NotPlain> {
+    match node {
+        Node::Long => {
+            let int = value.downcast_exact::<PyInt>().map_err(|_| NotPlain)?;
+            put_long(out, int.extract::<i64>().map_err(|_| NotPlain)?);
+        }
+        Node::Str => {
+            let text = value.downcast_exact::<PyString>().map_err(|_| NotPlain)?;
+            let text = text.to_str().map_err(|_| NotPlain)?; // a lone surrogate has no UTF-8
+            put_long(out, text.len() as i64);
+            out.extend_from_slice(text.as_bytes());
+        }
+        Node::Bytes => {
+            let data = value.downcast_exact::<PyBytes>().map_err(|_| NotPlain)?.as_bytes();
+            put_long(out, data.len() as i64);
+            out.extend_from_slice(data);
+        }
+        Node::Boolean => {
+            let flag = value.downcast_exact::<PyBool>().map_err(|_| NotPlain)?;
+            out.push(flag.is_true() as u8);
+        }
+        Node::Null => {
+            if !value.is_none() {
+                return Err(NotPlain);
+            }
+        }
+        Node::Record { keys, fields } => {
+            let record = value.downcast_exact::<PyDict>().map_err(|_| NotPlain)?;
+            let py = value.py();
+            for (key, field) in keys.iter().zip(fields) {
+                let item = record.get_item(key.bind(py)).map_err(|_| NotPlain)?.ok_or(NotPlain)?;
+                write(field, &item, out)?;
+            }
+        }
+        Node::Map(values) => {
+            let map = value.downcast_exact::<PyDict>().map_err(|_| NotPlain)?;
+            if !map.is_empty() {
+                put_long(out, map.len() as i64);
+                for (key, item) in map.iter() {
+                    write(&Node::Str, &key, out)?;
+                    write(values, &item, out)?;
+                }
+            }
+            out.push(0);
+        }
+        Node::Array(items) => {
+            let list = value.downcast_exact::<PyList>().map_err(|_| NotPlain)?;
+            if !list.is_empty() {
+                put_long(out, list.len() as i64);
+                for item in list.iter() {
+                    write(items, &item, out)?;
+                }
+            }
+            out.push(0);
+        }
+        Node::Union(branches) => {
+            // A writer's union is [null, T] or [T, null] (codegen.plan refuses any other).
+            let null_index = branches.iter().position(|b| matches!(b, Node::Null)).ok_or(NotPlain)?;
+            if value.is_none() {
+                out.push((null_index as u8) << 1);
+            } else {
+                let index = 1 - null_index;
+                out.push((index as u8) << 1);
+                write(&branches[index], value, out)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `header` + the Avro binary encoding of a plain record, as codegen.compile_encoder's generated function.
+#[pyclass(frozen, module = "branch_settlement_native")]
+struct Encoder {
+    header: Vec<u8>,
+    root: Node,
+    not_plain: Py<PyType>,
+}
+
+#[pymethods]
+impl Encoder {
+    #[new]
+    fn new(plan: &Bound<'_, PyAny>, header: Vec<u8>, not_plain: Bound<'_, PyType>) -> PyResult<Self> {
+        Ok(Encoder { header, root: build(plan)?, not_plain: not_plain.unbind() })
+    }
+
+    fn __call__<'py>(&self, py: Python<'py>, value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(&self.header);
+        match write(&self.root, value, &mut out) {
+            Ok(()) => Ok(PyBytes::new(py, &out)),
+            Err(NotPlain) => Err(PyErr::from_type(self.not_plain.bind(py).clone(), ())),
+        }
+    }
+}
+
+// ---- reading ------------------------------------------------------------------------------------------------
+
+enum ReadError {
+    /// Bytes the reader leaves to fastavro (the caller raises NotPlain).
+    NotPlain,
+    /// A varint beyond the 64 bits of a long, ending at this position: CodecError.
+    Overflow(usize),
+    Python(PyErr),
+}
+
+impl From<PyErr> for ReadError {
+    fn from(err: PyErr) -> Self {
+        ReadError::Python(err)
+    }
+}
+
+struct Reader<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    #[inline]
+    fn byte(&mut self) -> Result<u8, ReadError> {
+        let b = *self.data.get(self.pos).ok_or(ReadError::NotPlain)?;
+        self.pos += 1;
+        Ok(b)
+    }
+
+    /// The rest of a varint whose first byte `first` had its continuation bit set, as codegen._read_varint:
+    /// any number of bytes, refused only if a bit beyond the 64th is set.
+    fn varint_tail(&mut self, first: u8) -> Result<i64, ReadError> {
+        let mut n: u64 = (first & 0x7F) as u64;
+        let mut shift: u32 = 7;
+        let mut overflow = false;
+        loop {
+            let b = self.byte()?;
+            let payload = (b & 0x7F) as u64;
+            if payload != 0 {
+                if shift >= 64 || (shift > 57 && payload >> (64 - shift) != 0) {
+                    overflow = true;
+                } else {
+                    n |= payload << shift;
+                }
+            }
+            shift = shift.saturating_add(7);
+            if b < 0x80 {
+                break;
+            }
+        }
+        if overflow {
+            return Err(ReadError::Overflow(self.pos));
+        }
+        Ok(((n >> 1) as i64) ^ -((n & 1) as i64))
+    }
+
+    #[inline]
+    fn long(&mut self) -> Result<i64, ReadError> {
+        let b = self.byte()?;
+        if b < 0x80 {
+            Ok(((b >> 1) as i64) ^ -((b & 1) as i64))
+        } else {
+            self.varint_tail(b)
+        }
+    }
+
+    /// A length or block count: negative ones (sized blocks) are left to fastavro.
+    #[inline]
+    fn length(&mut self) -> Result<usize, ReadError> {
+        let b = self.byte()?;
+        if b & 0x81 == 0 {
+            return Ok((b >> 1) as usize);
+        }
+        if b < 0x80 {
+            return Err(ReadError::NotPlain);
+        }
+        let n = self.varint_tail(b)?;
+        if n < 0 {
+            return Err(ReadError::NotPlain);
+        }
+        Ok(n as usize)
+    }
+
+    #[inline]
+    fn slice(&mut self) -> Result<&'a [u8], ReadError> {
+        let n = self.length()?;
+        let end = self.pos.checked_add(n).ok_or(ReadError::NotPlain)?;
+        let data = self.data.get(self.pos..end).ok_or(ReadError::NotPlain)?;
+        self.pos = end;
+        Ok(data)
+    }
+
+    fn string<'py>(&mut self, py: Python<'py>) -> Result<Bound<'py, PyString>, ReadError> {
+        let data = self.slice()?;
+        let text = std::str::from_utf8(data).map_err(|_| ReadError::NotPlain)?;
+        Ok(PyString::new(py, text))
+    }
+
+    fn read<'py>(&mut self, py: Python<'py>, node: &Node) -> Result<Bound<'py, PyAny>, ReadError> {
+        Ok(match node {
+            Node::Long => self.long()?.into_pyobject(py).unwrap_or_else(|never| match never {}).into_any(),
+            Node::Str => self.string(py)?.into_any(),
+            Node::Bytes => PyBytes::new(py, self.slice()?).into_any(),
+            Node::Boolean => PyBool::new(py, self.byte()? != 0).to_owned().into_any(),
+            Node::Null => py.None().into_bound(py),
+            Node::Record { keys, fields } => {
+                let record = PyDict::new(py);
+                self.fields(py, &record, keys, fields)?;
+                record.into_any()
+            }
+            Node::Map(values) => {
+                let map = PyDict::new(py);
+                let mut count = self.length()?;
+                while count > 0 {
+                    for _ in 0..count {
+                        let key = self.string(py)?;
+                        let item = self.read(py, values)?;
+                        map.set_item(key, item)?;
+                    }
+                    count = self.length()?;
+                }
+                map.into_any()
+            }
+            Node::Array(items) => {
+                let list = PyList::empty(py);
+                let mut count = self.length()?;
+                while count > 0 {
+                    for _ in 0..count {
+                        list.append(self.read(py, items)?)?;
+                    }
+                    count = self.length()?;
+                }
+                list.into_any()
+            }
+            Node::Union(branches) => {
+                let b = self.byte()?;
+                let index = (b >> 1) as usize;
+                if b & 1 != 0 || index >= branches.len() {
+                    return Err(ReadError::NotPlain);
+                }
+                self.read(py, &branches[index])?
+            }
+        })
+    }
+
+    fn fields<'py>(&mut self, py: Python<'py>, record: &Bound<'py, PyDict>, keys: &[Py<PyString>],
+                   fields: &[Node]) -> Result<(), ReadError> {
+        for (key, field) in keys.iter().zip(fields) {
+            let value = self.read(py, field)?;
+            record.set_item(key.bind(py), value)?;
+        }
+        Ok(())
+    }
+}
+
+/// The record of single-object encoded bytes written with the current schema, with `head`'s items first, as
+/// codegen.compile_decoder's generated function (the first `header_size` bytes are not checked).
+#[pyclass(frozen, module = "branch_settlement_native")]
+struct Decoder {
+    header_size: usize,
+    head: Vec<(Py<PyString>, Py<PyAny>)>,
+    keys: Vec<Py<PyString>>,
+    fields: Vec<Node>,
+    not_plain: Py<PyType>,
+    codec_error: Py<PyType>,
+}
+
+#[pymethods]
+impl Decoder {
+    #[new]
+    fn new(plan: &Bound<'_, PyAny>, header_size: usize, head: &Bound<'_, PyDict>, not_plain: Bound<'_, PyType>,
+           codec_error: Bound<'_, PyType>) -> PyResult<Self> {
+        let py = plan.py();
+        let (keys, fields) = match build(plan)? {
+            Node::Record { keys, fields } => (keys, fields),
+            _ => return Err(PyValueError::new_err("a reader's plan is a record")),
+        };
+        let mut items = Vec::new();
+        for (key, value) in head.iter() {
+            let key: String = key.extract()?;
+            items.push((PyString::intern(py, &key).unbind(), value.unbind()));
+        }
+        Ok(Decoder { header_size, head: items, keys, fields, not_plain: not_plain.unbind(),
+                     codec_error: codec_error.unbind() })
+    }
+
+    fn __call__<'py>(&self, py: Python<'py>, data: &Bound<'py, PyBytes>) -> PyResult<Bound<'py, PyDict>> {
+        let record = PyDict::new(py);
+        for (key, value) in &self.head {
+            record.set_item(key.bind(py), value.bind(py))?;
+        }
+        let bytes = data.as_bytes();
+        let mut reader = Reader { data: bytes, pos: self.header_size };
+        let outcome = reader.fields(py, &record, &self.keys, &self.fields).and_then(|()| {
+            if reader.pos == bytes.len() { Ok(()) } else { Err(ReadError::NotPlain) }
+        });
+        match outcome {
+            Ok(()) => Ok(record),
+            Err(ReadError::NotPlain) => Err(PyErr::from_type(self.not_plain.bind(py).clone(), ())),
+            Err(ReadError::Overflow(pos)) => Err(PyErr::from_type(
+                self.codec_error.bind(py).clone(),
+                format!("a varint at byte {pos} is beyond the 64 bits of an Avro long"),
+            )),
+            Err(ReadError::Python(err)) => Err(err),
+        }
+    }
+}
+
+#[pymodule]
+fn branch_settlement_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Encoder>()?;
+    m.add_class::<Decoder>()?;
+    m.add("PLAN_VERSION", 1)?;
+    Ok(())
+}

@@ -1,0 +1,236 @@
+"""The compiled implementation (native/, selected by schemas/native.py) gives the pure-Python reference's bytes.
+
+Byte for byte and error for error, on every generator we have:
+- every record of every schema the generators make, and every mangled copy of its bytes (the codec level:
+  the compiled reader and writer against the generated Python ones, NotPlain and CodecError told apart);
+- whole folds, input decoded from Avro, every output and every ledger record encoded at each checkpoint: the
+  realistic workload, the worked example, the borrowing example, the reference model's seeded adversarial
+  streams;
+- the fuzz corpus, mutated by hypothesis: the same record or the same dead letter's reason.
+
+tests/ledger/test_fold_perf_equivalence.py also holds each implementation to fastavro.
+The compiled module must be installed here (`make install` builds it): a missing one fails, it is not skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from branch_settlement.processors.ledger.fold import Fold
+from branch_settlement.processors.ledger.outputs import OUTPUT_ROUTES, Outputs
+from branch_settlement.processors.replay.replayer import open_view
+from branch_settlement.processors.workload import Generator
+from branch_settlement.projections.store import MemoryStore
+from branch_settlement.schemas import EVENT_TYPES, LEDGER_TYPES, OUTPUT_TYPES, CodecError, native
+from branch_settlement.schemas.codec import HEADER_SIZE, Codec
+from tests.ledger.test_fuzz import EDITS, _corpus, mutate
+from tests.ledger.test_reference_model import Stream
+from tests.schemas.test_codec import sample, strategy
+
+pytestmark = pytest.mark.unit
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+ALL_TYPES = EVENT_TYPES + OUTPUT_TYPES + LEDGER_TYPES
+OUTPUT_RECORDS = tuple((attr, name) for attr, _, name in OUTPUT_ROUTES)
+
+
+@pytest.fixture(scope="module")
+def compiled() -> Codec:
+    if native.module() is None:
+        pytest.fail("the compiled implementation is not installed: `make install` builds it (native/)")
+    return Codec(implementation=native.COMPILED)
+
+
+@pytest.fixture(scope="module")
+def python() -> Codec:
+    return Codec(implementation=native.PYTHON)
+
+
+def test_the_compiled_codec_runs_compiled_readers_and_writers(compiled, python):
+    assert compiled.implementation == native.COMPILED and python.implementation == native.PYTHON
+    module = native.module()
+    assert isinstance(compiled._encoders["SettlementResult"], module.Encoder)
+    assert isinstance(compiled._fast_event_readers[compiled.version("ChildReserved").fingerprint], module.Decoder)
+    assert not isinstance(python._encoders["SettlementResult"], module.Encoder)
+
+
+def test_an_unknown_or_missing_implementation_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(native.ENV, "rust")
+    with pytest.raises(native.ConfigError, match="SETTLE_IMPLEMENTATION='rust': expected one of auto, compiled"):
+        native.select()
+    monkeypatch.setenv(native.ENV, "python")
+    assert native.select() == native.PYTHON
+    monkeypatch.setattr(native, "_load", lambda: (None, "branch-settlement-native is not installed"))
+    monkeypatch.delenv(native.ENV)
+    assert native.select() == native.PYTHON  # auto: the fallback
+    with pytest.raises(native.ConfigError, match="compiled implementation was asked for"):
+        native.select("compiled")
+
+
+def raw_outcome(function, data):
+    """What a fast reader makes of `data`: a record, CodecError (its message), or anything else it raises, which
+    means the same (left to fastavro): the generated Python reader raises NotPlain, IndexError, UnicodeDecodeError
+    ..., the compiled one NotPlain."""
+    try:
+        return "record", repr(function(data))
+    except CodecError as exc:
+        return "CodecError", str(exc)
+    except Exception:  # noqa: BLE001 - see the docstring
+        return "left to fastavro", None
+
+
+def mangled(data: bytes):
+    yield data + b"\x00"
+    for cut in range(HEADER_SIZE, len(data)):
+        yield data[:cut]
+    for index in range(HEADER_SIZE, len(data)):
+        for value in {0x00, 0x01, 0x02, 0x03, 0x7F, 0x80, 0x81, 0xFF, data[index] ^ 0x01, data[index] ^ 0x80}:
+            yield data[:index] + bytes([value]) + data[index + 1:]
+    # varints of every length up to and past 64 bits, in place of each body byte that starts one
+    for index in range(HEADER_SIZE, len(data)):
+        for tail in (b"\xff" * 9 + b"\x01", b"\xff" * 9 + b"\x02", b"\x80" * 12 + b"\x00", b"\xff" * 10 + b"\x7f"):
+            yield data[:index] + tail + data[index + 1:]
+
+
+@pytest.mark.parametrize("name", ALL_TYPES)
+def test_the_readers_agree_on_every_mangled_copy_of_a_record(compiled, python, name):
+    schema = python.version(name).parsed
+    data = python.encode(name, sample(schema, schema["__named_schemas"]))
+    fingerprint = data[2:HEADER_SIZE]
+    pairs = [(compiled._fast_readers[fingerprint][1], python._fast_readers[fingerprint][1])]
+    if fingerprint in python._fast_event_readers:
+        pairs.append((compiled._fast_event_readers[fingerprint], python._fast_event_readers[fingerprint]))
+    for variant in [data, *mangled(data)]:
+        for fast, reference in pairs:
+            assert raw_outcome(fast, variant) == raw_outcome(reference, variant), variant.hex()
+        assert decode_outcome(compiled, variant) == decode_outcome(python, variant), variant.hex()
+
+
+def decode_outcome(codec, data):
+    try:
+        return repr(codec.decode(data))
+    except CodecError as exc:
+        return f"CodecError: {exc}"
+
+
+def encode_outcome(codec, name, record):
+    try:
+        return codec.encode(name, record)
+    except CodecError as exc:
+        return f"CodecError: {exc}"
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.data())
+def test_any_valid_record_encodes_and_decodes_alike(compiled, python, data):
+    name = data.draw(st.sampled_from(ALL_TYPES))
+    schema = python.version(name).parsed
+    record = data.draw(strategy(schema, schema["__named_schemas"]))
+    encoded = python.encode(name, record)
+    assert compiled.encode(name, record) == encoded
+    assert compiled.encoder(name)(record) == encoded
+    assert decode_outcome(compiled, encoded) == decode_outcome(python, encoded)
+
+
+# Values that are not plain: exact types only, so a writer gives each to fastavro (or refuses it) alike.
+class Label(str):
+    pass
+
+
+class Count(int):
+    pass
+
+
+ODD = st.sampled_from([True, False, 1.0, -0.0, 2**63, -(2**63) - 1, 2**64 + 5, Label("x"), Count(3), b"x", "x",
+                       "\ud800", None, (), [], {}, {"k": 1}, [1], (1,), 0])
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.data())
+def test_a_record_with_any_odd_value_is_written_alike(compiled, python, data):
+    name = data.draw(st.sampled_from(ALL_TYPES))
+    schema = python.version(name).parsed
+    record = dict(data.draw(strategy(schema, schema["__named_schemas"])))
+    field = data.draw(st.sampled_from(sorted(record)))
+    how = data.draw(st.sampled_from(["replace", "delete", "nest"]))
+    if how == "replace":
+        record[field] = data.draw(ODD)
+    elif how == "delete":
+        del record[field]
+    elif isinstance(record[field], dict):
+        record[field] = {**record[field], data.draw(ODD.filter(lambda v: v.__hash__ is not None)): data.draw(ODD)}
+    elif isinstance(record[field], list):
+        record[field] = [*record[field], data.draw(ODD)]
+    assert encode_outcome(compiled, name, record) == encode_outcome(python, name, record)
+
+
+# ---- whole folds ----------------------------------------------------------------------------------------------
+
+def fold_bytes(codec: Codec, events: list[dict], checkpoint_events: int = 50) -> list[bytes]:
+    """Every byte a fold with `codec` writes: each input as encoded and decoded again, then at each checkpoint
+    every output record and every ledger change (key and value), in order."""
+    inputs = [codec.encode_event(event) for event in events]
+    view = open_view(MemoryStore(), codec)
+    fold, out, written = Fold(view), Outputs(), []
+    for offset, data in enumerate(inputs):
+        written.append(data)
+        fold.apply(codec.decode_event(data), offset, out)
+        if (offset + 1) % checkpoint_events == 0 or offset + 1 == len(inputs):
+            for attr, name in OUTPUT_RECORDS:
+                written.extend(codec.encode(name, record) for record in getattr(out, attr))
+            out.clear()
+            for key, value in view.changes():
+                written.extend((key, value or b""))
+            view.mark_committed()
+    return written
+
+
+def assert_folds_alike(compiled, python, events, label):
+    got, want = fold_bytes(compiled, events), fold_bytes(python, events)
+    assert len(got) == len(want), label
+    for index, (a, b) in enumerate(zip(got, want)):
+        assert a == b, f"{label}: record {index} differs"
+
+
+def example(name: str, codec: Codec) -> list[dict]:
+    lines = (EXAMPLES / name).read_text().splitlines()
+    return [codec.event_from_json(json.loads(line)) for line in lines if line.strip() and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("seed", [1, 7, 42])
+def test_a_realistic_workload_folds_to_the_same_bytes(compiled, python, seed):
+    events = [python.event_from_json(r) for r in Generator(seed).generate(3000) if not isinstance(r, str)]
+    assert_folds_alike(compiled, python, events, f"workload seed {seed}")
+
+
+@pytest.mark.parametrize("name", ["worked-example.jsonl", "borrowing.jsonl"])
+def test_the_examples_fold_to_the_same_bytes(compiled, python, name):
+    assert_folds_alike(compiled, python, example(name, python), name)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_reference_model_streams_fold_to_the_same_bytes(compiled, python, seed):
+    events = [python.event_from_json(event) for event in Stream(seed, 400).build()]
+    assert_folds_alike(compiled, python, events, f"reference stream {seed}")
+
+
+# ---- the fuzz corpus ------------------------------------------------------------------------------------------
+
+@settings(max_examples=600, deadline=None)
+@given(line=st.sampled_from(_corpus("avro.txt")), edits=EDITS)
+def test_mutated_corpus_records_decode_alike(compiled, python, line, edits):
+    data = mutate(bytes.fromhex(line), edits)
+    for decode in (Codec.decode, Codec.decode_event):
+        assert decode_outcome_of(decode, compiled, data) == decode_outcome_of(decode, python, data), data.hex()
+
+
+def decode_outcome_of(decode, codec, data):
+    try:
+        return repr(decode(codec, data))
+    except CodecError as exc:
+        return f"CodecError: {exc}"
