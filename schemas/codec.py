@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from functools import cache
@@ -37,7 +38,7 @@ import fastavro
 from fastavro import schemaless_reader, schemaless_writer
 
 from branch_settlement.schemas import native
-from branch_settlement.schemas.codegen import NotPlain, compile_decoder, compile_encoder
+from branch_settlement.schemas.codegen import NotPlain, check_varints, compile_decoder, compile_encoder
 from branch_settlement.schemas.limits import MAX_EVENT_BYTES
 from branch_settlement.schemas.errors import CodecError
 from branch_settlement.schemas.event_json import EventShape, event_type_of
@@ -164,7 +165,7 @@ class Codec:
         try:
             schemaless_writer(buffer, self._parsed[name], record)
         except Exception as exc:  # fastavro raises ValueError, TypeError, KeyError, AttributeError ...
-            raise CodecError(f"{name}: cannot encode: {type(exc).__name__}: {exc}") from exc
+            raise CodecError(f"{name}: cannot encode: {fastavro_reason(exc)}") from exc
         return buffer.getvalue()
 
     def decode(self, data: bytes) -> tuple[str, dict[str, Any]]:
@@ -193,12 +194,13 @@ class Codec:
             name, writer, reader = self._readers[fingerprint]
         except KeyError:
             raise CodecError(f"unknown writer schema fingerprint {fingerprint.hex()}") from None
+        check_varints(writer, data, HEADER_SIZE)  # fastavro would wrap a varint beyond 64 bits around
         body = io.BytesIO(data)
         body.seek(HEADER_SIZE)
         try:
             record = schemaless_reader(body, writer, reader)
         except Exception as exc:  # corrupt input surfaces as EOFError, UnicodeDecodeError, IndexError ...
-            raise CodecError(f"{name}: cannot decode body: {type(exc).__name__}: {exc}") from exc
+            raise CodecError(f"{name}: cannot decode body: {fastavro_reason(exc)}") from exc
         if body.tell() != len(data):
             raise CodecError(f"{name}: {len(data) - body.tell()} trailing bytes after the record")
         if reader is not None:
@@ -257,7 +259,7 @@ class Codec:
             except CodecError:
                 raise
             except Exception as exc:
-                raise CodecError(f"cannot write container: {type(exc).__name__}: {exc}") from exc
+                raise CodecError(f"cannot write container: {fastavro_reason(exc)}") from exc
 
     def read_container(self, src: _Source) -> Iterator[dict[str, Any]]:
         """Canonical events of an Avro object container file whose schema is a union of event records (as
@@ -267,23 +269,28 @@ class Codec:
         with _open(src, "rb") as fo:
             start = fo.tell()
             try:
-                reader = fastavro.reader(fo, return_record_name=True)
-                reader_schema = self._container_reader_schema(reader.writer_schema)
+                blocks = fastavro.block_reader(fo, return_record_name=True)
+                reader_schema = self._container_reader_schema(blocks.writer_schema)
                 if reader_schema is not None:
                     fo.seek(start)
-                    reader = fastavro.reader(fo, reader_schema=reader_schema, return_record_name=True)
-                single = None if isinstance(reader.writer_schema, list) else reader.writer_schema["name"]
+                    blocks = fastavro.block_reader(fo, reader_schema=reader_schema, return_record_name=True)
+                single = None if isinstance(blocks.writer_schema, list) else blocks.writer_schema["name"]
                 resolved = reader_schema is not None
-                for item in reader:
-                    fullname, record = (single, item) if single else item
-                    name = self._event_names_by_fullname[fullname]
-                    if resolved:
-                        record = in_schema_order(record, self._parsed[name])
-                    yield {"type": name, **record}
+                named: dict[str, Any] = {}
+                writer = fastavro.parse_schema(blocks.writer_schema, named_schemas=named, _write_hint=False)
+                for block in blocks:
+                    # fastavro would wrap a varint beyond 64 bits around: each block is checked before it is read
+                    check_varints(writer, block.bytes_.getvalue(), block.bytes_.tell(), block.num_records, named)
+                    for item in block:
+                        fullname, record = (single, item) if single else item
+                        name = self._event_names_by_fullname[fullname]
+                        if resolved:
+                            record = in_schema_order(record, self._parsed[name])
+                        yield {"type": name, **record}
             except CodecError:
                 raise
             except Exception as exc:
-                raise CodecError(f"cannot read container: {type(exc).__name__}: {exc}") from exc
+                raise CodecError(f"cannot read container: {fastavro_reason(exc)}") from exc
 
     def _container_reader_schema(self, writer_schema: Any) -> Any:
         """None when the file was written with current schemas, else the schema to resolve it into."""
@@ -307,6 +314,16 @@ class Codec:
         if name not in self._event_shapes:
             raise CodecError(f"unknown event type {name!r}")
         return name
+
+
+_OBJECT_REPR = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>")
+
+
+def fastavro_reason(exc: BaseException) -> str:
+    """What fastavro's exception says, as a reason that is the same in every process: fastavro names the stream
+    it read (`<_io.BytesIO object at 0x7f...>`), whose address would make a dead letter's reason differ between
+    the processor and a replay of the same record."""
+    return f"{type(exc).__name__}: {_OBJECT_REPR.sub('the record', str(exc))}"
 
 
 @cache

@@ -114,6 +114,81 @@ def _read_length(data: bytes, pos: int, first: int) -> tuple[int, int]:
     return n, pos
 
 
+def check_varints(schema: Any, data: bytes, pos: int, count: int = 1, named: dict[str, Any] | None = None) -> int:
+    """Walk `count` records of parsed writer `schema` in `data` from `pos`, as fastavro will read them, and raise
+    CodecError at a varint beyond 64 bits, which fastavro wraps around to a small number (a quantity of 2**64 + 5
+    would be booked as 5). Run before fastavro reads what the generated readers leave to it: a sized block (a
+    negative count), an older writer schema, a Confluent frame of another version, a container file's block.
+    Bytes it cannot walk (truncated, a bad branch ...) it leaves to fastavro's own error. Returns the end position
+    (or -1 where it stopped early)."""
+    if named is None:
+        named = _named_of(schema)
+    try:
+        for _ in range(count):
+            pos = _scan(schema, data, pos, named)
+        return pos
+    except CodecError:
+        raise
+    except Exception:  # noqa: BLE001 - truncated, a bad branch, too deep ...: fastavro's error, not ours
+        return -1
+
+
+def _scan_long(data: bytes, pos: int) -> tuple[int, int]:
+    b = data[pos]
+    return (b >> 1 ^ -(b & 1), pos + 1) if b < 0x80 else _read_varint(data, pos + 1, b)
+
+
+_FIXED_WIDTH = {"boolean": 1, "float": 4, "double": 8, "null": 0}
+
+
+def _scan(schema: Any, data: bytes, pos: int, named: dict[str, Any]) -> int:
+    if isinstance(schema, list):
+        index, pos = _scan_long(data, pos)
+        if not 0 <= index < len(schema):
+            raise IndexError(index)
+        return _scan(schema[index], data, pos, named)
+    if isinstance(schema, str):
+        if schema in named:
+            return _scan(named[schema], data, pos, named)
+        kind = schema
+    else:
+        kind = schema["type"]
+        if isinstance(kind, (dict, list)) or (isinstance(kind, str) and kind in named):
+            return _scan(kind, data, pos, named)
+    if kind in ("int", "long", "enum"):
+        return _scan_long(data, pos)[1]
+    if kind in ("string", "bytes"):
+        size, pos = _scan_long(data, pos)
+        if size < 0 or pos + size > len(data):
+            raise IndexError(size)
+        return pos + size
+    if kind in _FIXED_WIDTH:
+        return pos + _FIXED_WIDTH[kind]
+    if kind == "fixed":
+        return pos + schema["size"]
+    if kind == "record":
+        for field in schema["fields"]:
+            pos = _scan(field["type"], data, pos, named)
+        return pos
+    if kind in ("array", "map"):
+        item = schema["items"] if kind == "array" else schema["values"]
+        while True:
+            block, pos = _scan_long(data, pos)
+            if block == 0:
+                return pos
+            if block < 0:  # a sized block: its byte size follows
+                block = -block
+                _, pos = _scan_long(data, pos)
+            for _ in range(block):
+                start = pos
+                if kind == "map":
+                    pos = _scan("string", data, pos, named)
+                pos = _scan(item, data, pos, named)
+                if pos == start:
+                    break  # items of no width: the rest of the block reads no byte either
+    raise IndexError(kind)
+
+
 _GENERATED_GLOBALS = {
     "NotPlain": NotPlain,
     "_varint": _varint,

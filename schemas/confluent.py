@@ -37,7 +37,9 @@ from typing import Any, Protocol
 from fastavro import parse_schema, schemaless_reader
 
 from branch_settlement.errors import SettlementError
-from branch_settlement.schemas.codec import EVENT_TYPES, HEADER_SIZE, OUTPUT_TYPES, SCHEMA_DIR, Codec, in_schema_order
+from branch_settlement.schemas.codec import (EVENT_TYPES, HEADER_SIZE, OUTPUT_TYPES, SCHEMA_DIR, Codec,
+                                              fastavro_reason, in_schema_order)
+from branch_settlement.schemas.codegen import check_varints
 from branch_settlement.schemas.errors import CodecError
 from branch_settlement.schemas.limits import MAX_EVENT_BYTES
 from branch_settlement.schemas.registry import SINGLE_OBJECT_MARKER, _read_json, expand, load_registry, schema_fingerprint
@@ -126,15 +128,15 @@ class ConfluentCodec(Codec):
     their schemas have in `source`, and reads Confluent frames and single-object records alike."""
 
     def __init__(self, source: SchemaSource, schema_dir: str | Path = SCHEMA_DIR,
-                 external: tuple[str, ...] = EXTERNAL_TYPES) -> None:
-        super().__init__(schema_dir)
+                 external: tuple[str, ...] = EXTERNAL_TYPES, implementation: str | None = None) -> None:
+        super().__init__(schema_dir, implementation)
         self.source = source
         self.schema_dir = Path(schema_dir)
         self.external = tuple(external)
         self._ids: dict[str, int] = {}  # short name -> id of its current schema (after `register`)
-        # schema id -> (single-object header of the same schema, or None) and the writer schema's name and parsed
-        # form (for a version this codec does not know by fingerprint).
-        self._by_id: dict[int, tuple[bytes | None, str, Any]] = {}
+        # schema id -> (single-object header of the same schema, or None), the writer schema's name, and its parsed
+        # form with its named types (for a version this codec does not know by fingerprint).
+        self._by_id: dict[int, tuple[bytes | None, str, tuple[Any, dict[str, Any] | None]]] = {}
         self._fingerprints = frozenset(self._readers)  # every version the single-object reader knows
         self._lock = threading.Lock()
 
@@ -159,7 +161,7 @@ class ConfluentCodec(Codec):
             subject = subject_of(self.version(name).fullname)
             schema_id = self.source.register(subject, schemas[name])
             self._ids[name] = schema_id
-            self._by_id[schema_id] = (self.version(name).header, name, self.version(name).parsed)
+            self._by_id[schema_id] = (self.version(name).header, name, (self.version(name).parsed, None))
             done.append(Registration(name, subject, schema_id))
         return done
 
@@ -222,7 +224,8 @@ class ConfluentCodec(Codec):
         if text is None:
             raise CodecError(f"schema id {schema_id} is not in the schema registry")
         try:
-            parsed = parse_schema(json.loads(text), _write_hint=False)
+            named: dict[str, Any] = {}
+            parsed = parse_schema(json.loads(text), named_schemas=named, _write_hint=False)
         except Exception as exc:
             raise CodecError(f"schema id {schema_id}: the registry's schema does not parse: {exc}") from None
         fullname = parsed.get("name") if isinstance(parsed, dict) else None
@@ -232,7 +235,7 @@ class ConfluentCodec(Codec):
                              "settlement")
         fingerprint = schema_fingerprint(parsed)
         header = SINGLE_OBJECT_MARKER + fingerprint if fingerprint in self._fingerprints else None
-        entry = (header, name, parsed)
+        entry = (header, name, (parsed, named))
         with self._lock:
             self._by_id[schema_id] = entry
         return entry
@@ -241,12 +244,14 @@ class ConfluentCodec(Codec):
         """A record of another version of a known record (a schema this codec has no fingerprint of), resolved
         into the current schema by Avro's rules."""
         reader = self.version(name).parsed
+        writer, named = writer
+        check_varints(writer, data, FRAME_SIZE, named=named)  # fastavro would wrap a varint beyond 64 bits around
         body = io.BytesIO(data)
         body.seek(FRAME_SIZE)
         try:
             record = schemaless_reader(body, writer, reader)
         except Exception as exc:
-            raise CodecError(f"{name}: cannot decode body: {type(exc).__name__}: {exc}") from exc
+            raise CodecError(f"{name}: cannot decode body: {fastavro_reason(exc)}") from exc
         if body.tell() != len(data):
             raise CodecError(f"{name}: {len(data) - body.tell()} trailing bytes after the record")
         return in_schema_order(record, reader)

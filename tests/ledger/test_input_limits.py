@@ -5,6 +5,7 @@ after it still settle."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -14,7 +15,11 @@ import pytest
 from branch_settlement.processors.kafka.partition import PartitionTask
 from branch_settlement.projections import model
 from branch_settlement.projections.store import MemoryStore
-from branch_settlement.schemas.codec import default_codec
+import fastavro
+
+from branch_settlement.schemas.codec import SCHEMA_DIR, Codec, default_codec
+from branch_settlement.schemas.confluent import ConfluentCodec, StaticSchemas, frame
+from branch_settlement.schemas.registry import load_registry
 from branch_settlement.schemas.errors import CodecError
 from branch_settlement.schemas.limits import (DEAD_LETTER_ORIGINAL_BYTES, MAX_BALANCE, MAX_CHILDREN_PER_PARENT,
                                               MAX_DIMENSIONS, MAX_EVENT_BYTES, MAX_ID_BYTES, MAX_KEY_BYTES,
@@ -201,6 +206,95 @@ def test_a_varint_beyond_64_bits_is_refused_not_wrapped(forged: int) -> None:
     at = data.rindex(_varint(10))  # zigzag(5), the last value of the record
     with pytest.raises(CodecError, match="beyond the 64 bits"):
         codec.decode_event(data[:at] + _varint(forged) + data[at + 1:])
+
+
+def _raw_varint(value: int) -> bytes:
+    """The varint bytes of `value` as an unsigned number, any size (a forged value beyond 64 bits)."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _zigzag(value: int) -> bytes:
+    return _raw_varint((value << 1) ^ (value >> 63))
+
+
+def _quantities_in_a_sized_block(data: bytes, key: bytes, forged: bytes) -> bytes:
+    """`data` (a record whose last field is a one-entry map `key` -> long) with that map written as one sized
+    block (a negative count, then its byte size) holding `forged` as the value: bytes the generated readers leave
+    to fastavro, which reads such blocks."""
+    at = data.rindex(b"\x02" + _zigzag(len(key))[0:1] + key)
+    entry = _zigzag(len(key)) + key + forged
+    return data[:at] + _zigzag(-1) + _zigzag(len(entry)) + entry + b"\x00"
+
+
+@pytest.mark.parametrize("implementation", ["compiled", "python"])
+@pytest.mark.parametrize("forged", [2**64 + 10, 2**64 + 5, 2**70])
+def test_a_varint_beyond_64_bits_is_refused_where_fastavro_reads_too(forged: int, implementation: str) -> None:
+    """A sized block, an older writer schema, a Confluent frame of another version and a container file are read
+    by fastavro, which wraps such a varint around (2**64 + 10 would be booked as 5): each is refused first."""
+    codec = Codec(implementation=implementation)
+    event = codec.event_from_json({"type": "ChildReserved", "event_id": "e", "idempotency_key": "k",
+                                   "parent_id": "P", "occurred_at_ms": 0, "child_id": "A", "branch_id": "A",
+                                   "attempt_id": "A1", "quantities": {"tokens": 5}})
+    data = codec.encode_event(event)
+    sized = _quantities_in_a_sized_block(data, b"tokens", _zigzag(5))
+    assert codec.decode_event(sized)["quantities"] == {"tokens": 5}  # fastavro reads the sized block
+    with pytest.raises(CodecError, match="beyond the 64 bits"):
+        codec.decode_event(_quantities_in_a_sized_block(data, b"tokens", _raw_varint(forged)))
+    # ChildFailed as its first version wrote it (schemas/history): usage is its last map but one
+    old = next(v for v in load_registry(SCHEMA_DIR).by_fingerprint.values()
+               if v.name == "ChildFailed" and not v.current)
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, old.parsed, {"event_id": "f", "idempotency_key": "k", "parent_id": "P",
+                                                  "occurred_at_ms": 0, "child_id": "A", "attempt_id": "A1",
+                                                  "lease_generation": 1, "activated": True,
+                                                  "usage": {"tokens": 5}, "reason": ""})
+    v1 = old.header + body.getvalue()
+    assert codec.decode_event(v1)["usage"] == {"tokens": 5}
+    at = v1.rindex(_zigzag(5) + b"\x00")
+    with pytest.raises(CodecError, match="beyond the 64 bits"):
+        codec.decode_event(v1[:at] + _raw_varint(forged) + v1[at + 1:])
+    # a Confluent frame of a version known only to the registry (the v1 schema under id 7)
+    confluent = ConfluentCodec(StaticSchemas({7: old.source.read_text()}),
+                               implementation=implementation)
+    framed = frame(7, v1[10:])
+    assert confluent.decode_event(framed)["usage"] == {"tokens": 5}
+    at = framed.rindex(_zigzag(5) + b"\x00")
+    with pytest.raises(CodecError, match="beyond the 64 bits"):
+        confluent.decode_event(framed[:at] + _raw_varint(forged) + framed[at + 1:])
+    # a container file: the value forged in its (uncompressed) block
+    buffer = io.BytesIO()
+    codec.write_container(buffer, [event])
+    container = buffer.getvalue()
+    sync = container[-16:]  # header | sync | count | size | block | sync
+    start = container.index(sync) + 16
+    count, size = container[start], container[start + 1]  # one record, a block of fewer than 64 bytes
+    block = container[start + 2:start + 2 + size // 2]
+    at = block.index(b"\x0ctokens\x0a") + 7
+    block = block[:at] + _raw_varint(forged) + block[at + 1:]
+    forged_file = container[:start] + bytes([count]) + _zigzag(len(block)) + block + sync
+    with pytest.raises(CodecError, match="beyond the 64 bits"):
+        list(codec.read_container(io.BytesIO(forged_file)))
+
+
+def test_a_dead_letters_reason_is_the_same_in_every_process() -> None:
+    """fastavro names the stream it read, with its address; the reason keeps none, so the processor's dead
+    letter and a replay's agree (settle replay --topic compares them)."""
+    codec = default_codec()
+    event = codec.event_from_json({"type": "ChildActivated", "event_id": "e", "idempotency_key": "k",
+                                   "parent_id": "P", "occurred_at_ms": 0, "child_id": "A", "attempt_id": "A1",
+                                   "lease_generation": 1, "lease_ttl_ms": 10})
+    truncated = codec.encode_event(event)[:-1]
+    reasons = set()
+    for _ in range(3):
+        with pytest.raises(CodecError) as caught:
+            Codec().decode_event(truncated)
+        reasons.add(str(caught.value))
+    assert len(reasons) == 1 and "0x" not in reasons.pop()
 
 
 def test_an_oversized_record_is_refused_at_decode() -> None:
