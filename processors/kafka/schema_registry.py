@@ -40,9 +40,12 @@ class HttpSchemaRegistry:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise SchemaRegistryError(f"schema registry URL {url!r}: expected http(s)://HOST[:PORT][/PATH]")
+        if parts.password is not None:  # a password in a URL shows in process listings, shell history and logs
+            raise SchemaRegistryError("schema registry URL: a password in the URL is refused; give the user as "
+                                      "schema_registry_username (--schema-registry-username) and the password in "
+                                      "a file (schema_registry_password_file)")
         if parts.username is not None:
             username = username or urllib.parse.unquote(parts.username)
-            password = password or urllib.parse.unquote(parts.password or "")
         netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
         self.url = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
         self.timeout_s = timeout_s

@@ -63,7 +63,7 @@ SUBJECT = "io.branchsettlement.outputs.CapacityReleased"
 def test_register_posts_the_schema_under_its_subject_with_basic_auth(registry) -> None:
     answers, url = registry
     answers.routes[("POST", f"/ccompat/subjects/{SUBJECT}/versions")] = (200, {"id": 17})
-    client = HttpSchemaRegistry(url.replace("http://", "http://svc%40acct:s3cret@") + "/ccompat/")
+    client = HttpSchemaRegistry(url.replace("http://", "http://svc%40acct@") + "/ccompat/", password="s3cret")
     assert client.register(SUBJECT, '{"type":"string"}') == 17
     request = answers.requests[-1]
     assert request["body"] == {"schema": '{"type":"string"}'}
@@ -113,3 +113,10 @@ def test_refusals_and_unavailability_are_told_apart(registry) -> None:
 def test_a_url_that_is_not_http_is_refused_at_once() -> None:
     with pytest.raises(SchemaRegistryError, match="expected http"):
         HttpSchemaRegistry("registry:8081")
+
+
+def test_a_password_in_the_url_is_refused() -> None:
+    """It would show in process listings and logs: the user goes in its setting, the password in a file."""
+    with pytest.raises(SchemaRegistryError, match="a password in the URL is refused") as refused:
+        HttpSchemaRegistry("https://svc:s3cret@registry:8081")
+    assert "s3cret" not in str(refused.value)
