@@ -4,7 +4,10 @@ Every event of a parent is keyed by its `parent_id`, and the producer's partitio
 `murmur2_random`, the Java client's default) puts it in partition `murmur2(key) & 0x7fffffff % partitions`.
 The processor folds an event only in that partition (result `misrouted` anywhere else), so one parent id can
 never have two ledgers, whatever key or explicit partition a producer used. This module is that function, bit
-for bit Kafka's `Utils.murmur2` (tests/kafka/test_partitioning.py checks it against librdkafka on a real broker).
+for bit Kafka's `Utils.murmur2`: tests/kafka/test_ticks_unit.py (test_murmur2_is_kafkas) checks it against the
+vectors of Kafka's own UtilsTest.testMurmur2, and on a real broker the partition librdkafka's `murmur2_random`
+chose for a key is the one this module names (tests/kafka/test_consumer_api.py,
+test_publish_and_wait_returns_the_events_own_result; tests/kafka/test_hostile_input.py).
 """
 
 from __future__ import annotations

@@ -7,10 +7,16 @@ makes it 900 KB (refused at decode, not folded into outputs too large to produce
 the balance headroom, an id beyond its size, a TTL that would have set a time bomb; a second ParentReserved and a
 ParentClosed for the parent keyed so that they land in another partition (misrouted: no second ledger, no
 release of the parent's capacity); a Tick ten years ahead in every partition (only the processor's own ticks
-advance ledger time)."""
+advance ledger time). And the values of the issue: an event of 1.2 MB in two ids of 600 KB (compressed on the
+wire, so the broker takes it), a usage of 2**63-1 on a child that already has usage, a lease_ttl_ms of 2**63-1 on
+a ParentReserved and a ChildActivated, and a map written with a negative block count whose entry is a varint of
+2**64 + 10 (fastavro would have wrapped it around to 5). A second parent in the same partition, whose events come
+before and after them all, ends with exactly the balances its own events give; `settle replay --topic` agrees."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +26,7 @@ from confluent_kafka import Producer
 from branch_settlement.schemas.codec import default_codec
 from branch_settlement.schemas.limits import DEAD_LETTER_ORIGINAL_BYTES, MAX_ID_BYTES, MAX_QUANTITY, MAX_TTL_MS
 from branch_settlement.schemas.partitioning import partition_of
-from tests.kafka.pipeline import ProcessorProcess, read_partitions, wait_for_results
+from tests.kafka.pipeline import REPO, ProcessorProcess, projection_ledgers, read_partitions, wait_for_results
 
 pytestmark = pytest.mark.kafka
 
@@ -33,9 +39,32 @@ def event(etype: str, parent_id: str, key: str, **fields) -> dict:
                                             **fields})
 
 
+def varint(n: int) -> bytes:
+    """The varint (LEB128) of a non-negative n, however large: beyond 64 bits an Avro long must refuse it."""
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes(out + bytes([n]))
+
+
+def zigzag(n: int) -> bytes:
+    """An Avro long (or int) as written: zigzag, then varint."""
+    return varint(2 * n if n >= 0 else -2 * n - 1)
+
+
+def settle(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "branch_settlement.processors.cli.main", *args], capture_output=True,
+                          text=True, cwd=REPO, timeout=600)
+
+
 def test_hostile_records_neither_stop_nor_wedge_nor_corrupt(kafka_topics, tmp_path: Path) -> None:
     codec = default_codec()
     topic = kafka_topics.name("branch-events")
+    partitions = kafka_topics.spec.topic("branch-events").partitions
+    home = partition_of("P", partitions)
+    # the bystander: another parent in P's partition, so that every hostile record of P is folded among its events
+    other = next(k for k in (f"Q{i}" for i in range(1000)) if partition_of(k, partitions) == home)
     # idempotent: the test relies on the order of a partition's records (a retried batch must not overtake)
     producer = Producer({"bootstrap.servers": kafka_topics.bootstrap_servers, "partitioner": "murmur2_random",
                          "message.max.bytes": 1_000_000, "enable.idempotence": True})
@@ -50,32 +79,62 @@ def test_hostile_records_neither_stop_nor_wedge_nor_corrupt(kafka_topics, tmp_pa
                      lease_ttl_ms=3_600_000, policy=POLICY))
     send_event(event("ChildReserved", "P", "P/A", child_id="A", branch_id="A", attempt_id="A1",
                      quantities={"tokens": 20}))
+    send_event(event("ParentReserved", other, "Q/p", capacity={"tokens": {"quantity": 50, "kind": "logical"}},
+                     lease_ttl_ms=3_600_000, policy=POLICY))
+    send_event(event("ChildReserved", other, "Q/C", child_id="C", branch_id="C", attempt_id="C1",
+                     quantities={"tokens": 10}))
     hostile = 0
     send(b"\xc3\x01" + b"\xff" * 900_000)  # undecodable, 900 KB
     hostile += 1
     send(codec.encode_event(event("ChildReserved", "P", "P/big", child_id="B" * 900_000, branch_id="B",
                                   attempt_id="B1", quantities={"tokens": 1})))  # valid Avro, far too large
     hostile += 1
+    # 1.2 MB in two ids: beyond the producer's and the topic's default limits uncompressed, so sent lz4-compressed
+    # (the broker checks the compressed batch) by a producer of its own, between flushes to keep the order.
+    two_ids = codec.encode_event(event("ChildReserved", "P", "P/two-ids", child_id="X" * 600_000,
+                                       branch_id="Y" * 600_000, attempt_id="X1", quantities={"tokens": 1}))
+    assert len(two_ids) > 1_200_000
+    producer.flush(30)
+    squeezed = Producer({"bootstrap.servers": kafka_topics.bootstrap_servers, "partitioner": "murmur2_random",
+                         "message.max.bytes": 2_000_000, "compression.type": "lz4", "enable.idempotence": True})
+    squeezed.produce(topic, value=two_ids, key=b"P")
+    assert squeezed.flush(30) == 0
+    hostile += 1
     good = codec.encode_event(event("ChildReserved", "P", "P/wrap", child_id="W", branch_id="W", attempt_id="W1",
                                     quantities={"tokens": 5}))
     at = good.rindex(bytes([10]))  # zigzag(5), the record's last value
-    send(good[:at] + b"\x8a\x80\x80\x80\x80\x80\x80\x80\x80\x80\x02" + good[at + 1:])  # a varint of 2**64 + 5
+    send(good[:at] + b"\x8a\x80\x80\x80\x80\x80\x80\x80\x80\x80\x02" + good[at + 1:])  # 11 bytes: 2**71 + 10
     hostile += 1
-    results_expected = 2  # the parent and child A
+    # quantities as one block of count -1 (then the block's size in bytes), its one entry a varint of 2**64 + 10:
+    # wrapped around to 64 bits that is zigzag(5). An empty map is its terminating 0 alone: replace that.
+    empty = codec.encode_event(event("ChildReserved", "P", "P/negative-block", child_id="N", branch_id="N",
+                                     attempt_id="N1", quantities={}))
+    assert empty.endswith(b"\x00")
+    entry = zigzag(len("tokens")) + b"tokens" + varint(2**64 + 10)
+    negative_block = empty[:-1] + zigzag(-1) + zigzag(len(entry)) + entry + b"\x00"
+    send(negative_block)
+    hostile += 1
+    results_expected = 4  # the two parents, child A and child C
     for e in (event("ChildReserved", "P", "P/long-id", child_id="L" * (MAX_ID_BYTES + 1), branch_id="L",
                     attempt_id="L1", quantities={"tokens": 1}),
               event("ChildActivated", "P", "P/bomb", child_id="A", attempt_id="A1", lease_generation=1,
                     lease_ttl_ms=MAX_TTL_MS + 1),
+              event("ChildActivated", "P", "P/bomb-max", child_id="A", attempt_id="A1", lease_generation=1,
+                    lease_ttl_ms=2**63 - 1),
+              event("ParentReserved", "P-ttl", "P-ttl/p", capacity={"tokens": {"quantity": 10, "kind": "logical"}},
+                    lease_ttl_ms=2**63 - 1, policy=POLICY),
               event("ChildActivated", "P", "P/A/a", child_id="A", attempt_id="A1", lease_generation=1,
                     lease_ttl_ms=3_600_000),
+              event("UsageReported", "P", "P/A/u1", child_id="A", attempt_id="A1", lease_generation=1,
+                    usage_report_id="u1", usage={"tokens": 4}),
+              event("UsageReported", "P", "P/A/u-max", child_id="A", attempt_id="A1", lease_generation=1,
+                    usage_report_id="u-max", usage={"tokens": 2**63 - 1}),
               event("ChildCompleted", "P", "P/A/c", child_id="A", attempt_id="A1", lease_generation=1,
                     usage={"tokens": 12}),
               event("UsageAdjustment", "P", "P/A/adj", child_id="A", attempt_id="A1",
                     usage={"tokens": MAX_QUANTITY}, reason="an invoice far beyond the parent")):
         send_event(e)
         results_expected += 1
-    partitions = kafka_topics.spec.topic("branch-events").partitions
-    home = partition_of("P", partitions)
     elsewhere = next(k for k in (f"K{i}" for i in range(1000)) if partition_of(k, partitions) != home)
     send(codec.encode_event(event("ParentReserved", "P", "P/second", capacity={"tokens": {"quantity": 10**6,
                                   "kind": "logical"}}, lease_ttl_ms=3_600_000, policy=POLICY)), key=elsewhere)
@@ -86,6 +145,15 @@ def test_hostile_records_neither_stop_nor_wedge_nor_corrupt(kafka_topics, tmp_pa
     for p in range(partitions):
         producer.produce(topic, value=forged, partition=p)
     results_expected += partitions
+    # the bystander's own events after all of them: C uses 3 of its 10, D holds 15
+    for e in (event("ChildActivated", other, "Q/C/a", child_id="C", attempt_id="C1", lease_generation=1,
+                    lease_ttl_ms=3_600_000),
+              event("ChildCompleted", other, "Q/C/c", child_id="C", attempt_id="C1", lease_generation=1,
+                    usage={"tokens": 3}),
+              event("ChildReserved", other, "Q/D", child_id="D", branch_id="D", attempt_id="D1",
+                    quantities={"tokens": 15})):
+        send_event(e)
+        results_expected += 1
     producer.flush(30)
     proc = ProcessorProcess(kafka_topics, tmp_path / "state", tmp_path / "run.log", slot="a", group="g")
     try:
@@ -94,9 +162,13 @@ def test_hostile_records_neither_stop_nor_wedge_nor_corrupt(kafka_topics, tmp_pa
                                                  kafka_topics.name("settlement-results")).values() for _, _, r in recs]
         by_key = {r["idempotency_key"]: r for r in results}
         assert by_key["P/long-id"]["result"] == "invalid_event"
-        assert by_key["P/bomb"]["result"] == "invalid_event"
-        assert by_key["P/A/c"]["result"] == "ok"
+        for key in ("P/bomb", "P/bomb-max", "P-ttl/p", "P/A/u-max"):
+            assert by_key[key]["result"] == "invalid_event", by_key[key]
+        for key in ("P/A/a", "P/A/u1", "P/A/c", "Q/p", "Q/C", "Q/C/a", "Q/C/c", "Q/D"):
+            assert by_key[key]["result"] == "ok", by_key[key]
         assert by_key["P/A/adj"]["result"] == "overdrawn"
+        for key in ("P/big", "P/two-ids", "P/wrap", "P/negative-block"):  # dead letters: no result
+            assert key not in by_key, by_key[key]
         for key in ("P/second", "P/close-elsewhere"):
             assert by_key[key]["result"] == "misrouted", by_key[key]
             assert f"belongs to partition {home} of {partitions}" in by_key[key]["detail"]
@@ -110,14 +182,38 @@ def test_hostile_records_neither_stop_nor_wedge_nor_corrupt(kafka_topics, tmp_pa
         assert len(dead) == hostile, [d["reason"][:120] for d in dead]
         reasons = " | ".join(d["reason"] for d in dead)
         assert "an event is at most" in reasons and "beyond the 64 bits" in reasons and "sha256" in reasons
+        assert f"a record of {len(two_ids)} bytes" in reasons
+        [refused] = [d for d in dead if d["original"] == negative_block] or [None]
+        assert refused is not None and refused["reason"], [d["reason"][:120] for d in dead]
         assert all(len(d["original"]) <= DEAD_LETTER_ORIGINAL_BYTES for d in dead)
         releases = [r for recs in read_partitions(kafka_topics.bootstrap_servers,
                                                   kafka_topics.name("capacity-releases")).values()
                     for _, _, r in recs if "release_key" in r]
-        assert [(r["child_id"], r["quantity"], r["destination"]) for r in releases] == [("A", 8, "parent")]
+        assert sorted((r["parent_id"], r["child_id"], r["quantity"], r["destination"]) for r in releases) == [
+            ("P", "A", 8, "parent"), (other, "C", 7, "parent")]
         assert "STOPPED" not in proc.output()
     finally:
         assert proc.stop() == 0, proc.output()[-3000:]
+    ledger = projection_ledgers(tmp_path / "state", "g")[home]
+    # exactly what the bystander's own five events give: 50, less C's 10 and D's 15, C's 3 committed, 7 back
+    assert ledger["parents"][other] == {"status": "open", "dimensions": {"tokens": {
+        "capacity": 50, "available": 32, "outstanding": 15, "pending": 0, "awaiting_confirmation": 0, "lent": 0,
+        "returned_to_pool": 0, "committed": 3, "overdrawn": 0}}}
+    assert {c: (v["state"], v["reserved"], v["consumed"]) for c, v in ledger["children"].items()
+            if c.startswith(f"{other}/")} == {f"{other}/C": ("released", {"tokens": 10}, {"tokens": 3}),
+                                              f"{other}/D": ("reserved", {"tokens": 15}, {"tokens": 0})}
+    # P itself: A's 12 and the adjustment committed, the adjustment drawn from the 88 available and the rest
+    # overdrawn; the refused usage of 2**63 - 1 nowhere
+    assert ledger["parents"]["P"]["dimensions"]["tokens"] == {
+        "capacity": 100, "available": 0, "outstanding": 0, "pending": 0, "awaiting_confirmation": 0, "lent": 0,
+        "returned_to_pool": 0, "committed": 12 + MAX_QUANTITY, "overdrawn": MAX_QUANTITY - 88}
+    assert [c for c in ledger["children"] if c.startswith("P/")] == ["P/A"]  # none of a dead letter or a refusal
+    assert all("P-ttl" not in led["parents"] for led in projection_ledgers(tmp_path / "state", "g").values())
+    replayed = settle("replay", "--topic", "branch-events", "--topic-prefix", kafka_topics.prefix,
+                      "--bootstrap-servers", kafka_topics.bootstrap_servers, "--state-dir", str(tmp_path / "state"),
+                      "--group-id", "g")
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert "AGREES" in replayed.stdout and "and the live ledgers" in replayed.stdout, replayed.stdout
 
 
 def test_a_record_too_large_to_produce_stops_its_partition_not_the_processor(kafka_topics, tmp_path: Path) -> None:
