@@ -22,7 +22,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -36,34 +35,6 @@ from branch_settlement.processors.kafka.connection import DEFAULT_BOOTSTRAP_SERV
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-class CpuSampler(threading.Thread):
-    """CPU seconds (user + system, every thread) of the running processors, every 20 ms: what the processor
-    spent between the release of the backlog and its last commit, a figure the machine's load moves less
-    than a rate."""
-
-    def __init__(self, procs: Procs) -> None:
-        super().__init__(daemon=True)
-        self.procs, self.samples, self.done = procs, [], threading.Event()
-        self.tick = os.sysconf("SC_CLK_TCK")
-
-    def run(self) -> None:
-        while not self.done.wait(0.02):
-            total = 0.0
-            for child in list(self.procs.children):
-                try:
-                    fields = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                total += (int(fields[11]) + int(fields[12])) / self.tick
-            self.samples.append((time.monotonic(), total))
-
-    def between(self, start: float, end: float) -> float:
-        def at(t: float) -> float:
-            before = [cpu for ts, cpu in self.samples if ts <= t]
-            return before[-1] if before else 0.0
-        return at(end) - at(start)
 
 
 def main() -> int:
@@ -91,14 +62,9 @@ def main() -> int:
         if records is None:
             records = backlog.realistic(args.seed, args.events, topic_set.partitions)
             log(f"run {env.run_id}: the processor over {len(records):,} input records")
-        sampler = CpuSampler(procs)
-        sampler.start()
         run, _ = throughput.run_processors(env, procs, topic_set, records, 1, work_dir, label, keep_running=True)
-        sampler.done.set()
-        sampler.join()
         procs.stop_all()
-        end = run.progress[-1][0]  # the poller's sample that saw every offset committed
-        cpu_us = sampler.between(end - run.throughput.seconds, end) * 1e6 / len(records)
+        cpu_us = run.cpu_us_per_record
         log(f"  processor {run.throughput.events_per_s:,.0f} events/s, {cpu_us:.0f} us CPU per input record")
         return topic_set, run, run.throughput.events_per_s, cpu_us
 

@@ -38,6 +38,7 @@ from bench.suite import backlog, latency, memory, recovery, report, throughput  
 from bench.suite.env import Env, git_commit, kafka_version, machine  # noqa: E402
 from bench.suite.procs import PROCESSOR_FLAGS, TICK_INTERVAL_MS, Procs  # noqa: E402
 from branch_settlement.processors.kafka.config import ProcessorConfig  # noqa: E402
+from branch_settlement.schemas import native  # noqa: E402
 from branch_settlement.processors.kafka.connection import DEFAULT_BOOTSTRAP_SERVERS  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -212,7 +213,9 @@ def run(settings: Settings, work_dir: Path, command: str) -> dict:
     defaults = ProcessorConfig()
     doc: dict = {"benchmark": "settle run end to end", "mode": settings.mode, "command": command,
                  "started_at": started_wall.isoformat(timespec="seconds"), "git": git_commit(), "machine": machine(),
-                 "kafka": kafka_version()}
+                 "kafka": kafka_version(),
+                 # what every process of the run folds with (SETTLE_IMPLEMENTATION, docs/implementations.md)
+                 "implementation": native.describe(native.select())}
     suite = Suite(settings, work_dir)
     log(f"run {suite.env.run_id}: topics bench.{suite.env.run_id}.*, logs in {work_dir}")
     try:

@@ -73,3 +73,32 @@ def test_a_users_own_schemas_package_does_not_shadow_it(wheel: Path, tmp_path: P
     lines = specs.stdout.splitlines()
     assert lines[0].startswith(str(target)) and lines[0].endswith(" 7"), specs.stdout
     assert lines[1].startswith(str(target)) and lines[1].endswith(" True"), specs.stdout
+
+
+def test_without_the_compiled_package_the_wheel_runs_its_pure_python_path(wheel: Path, tmp_path: Path) -> None:
+    """The main package needs no toolchain (docs/implementations.md): where branch-settlement-native is not
+    installed (here: its import blocked), `auto` falls back to the pure-Python implementation with the same
+    answer, and asking for the compiled one is one line and exit 2."""
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True, text=True)
+    events = REPO / "examples" / "worked-example.jsonl"
+    path = os.pathsep.join([str(target), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+
+    def replay(block_native: bool, *flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-I", "-S", "-c",
+                               "import sys; sys.path[:0] = sys.argv[1].split(sys.argv[2]); "
+                               + ("sys.modules['branch_settlement_native'] = None; " if block_native else "") +
+                               "from branch_settlement.processors.cli.main import main; "
+                               "from branch_settlement.schemas import native; "
+                               "print('auto picks', native.select('auto'), file=sys.stderr); "
+                               "sys.exit(main([*sys.argv[4:], 'replay', '--json', sys.argv[3]]))",
+                               path, os.pathsep, str(events), *flags], capture_output=True, text=True, cwd=tmp_path)
+
+    fallback, installed = replay(True), replay(False)
+    assert fallback.returncode == 0 and installed.returncode == 0, fallback.stderr + installed.stderr
+    assert fallback.stderr.startswith("auto picks python") and installed.stderr.startswith("auto picks compiled")
+    assert fallback.stdout == installed.stdout and '"result": "ok"' in fallback.stdout
+    refused = replay(True, "--implementation", "compiled")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert refused.stderr.splitlines()[1].startswith("settle replay: the compiled implementation was asked for")

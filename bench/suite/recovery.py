@@ -152,6 +152,7 @@ def restore_projection(bootstrap: str, changelog: str, input_topic: str, group: 
             "restore_s": round(restore_s, 3), "restore_records_per_s": round(sum(applied.values()) / restore_s),
             "restore_children_per_s": round(children / restore_s),
             "restore_s_per_million_children": round(restore_s * 1e6 / children, 1) if children else None,
+            "restore_cpu_us_per_record": round(measured_cpu_s * 1e6 / sum(applied.values()), 2) if applied else None,
             "ceiling_s": round(consume_s, 3), "ceiling_records_per_s": round(records / consume_s),
             "ceiling_children_per_s": round(children / consume_s)}
 

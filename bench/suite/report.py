@@ -39,6 +39,10 @@ def markdown(doc: dict) -> str:
     rows.append(("processor throughput, steady 10–90% (events/s)", _fmt(t["processor"]["steady_events_per_s"]),
                  _fmt(t["ceiling"]["steady_events_per_s"]),
                  _ratio(ratio(t["processor"]["steady_events_per_s"], t["ceiling"]["steady_events_per_s"])), "", ""))
+    pc, cc = t["processor"].get("cpu_us_per_record"), t["ceiling"].get("cpu_us_per_record")
+    rows.append(("processor CPU per input record (µs, every thread)", _fmt(pc), _fmt(cc),
+                 _ratio(ratio(pc, cc)) if pc and cc else "–", "≤ 2× the ceiling's",
+                 _met(pc <= 2 * cc) if pc and cc else "–"))
     lc = doc["latency"]["ceiling_at_50"]
     lf = doc["latency"]["ceiling_at_50_fixed_period"]
     for level in doc["latency"]["levels"]:
@@ -55,10 +59,14 @@ def markdown(doc: dict) -> str:
                  _fmt(rf["ceiling_events_per_s"]), _ratio(rf["to_ceiling"]), "", ""))
     rows.append(("replay, topic (`settle replay --topic`, audit, events/s)", _fmt(rt["replay_events_per_s"]),
                  _fmt(rt["ceiling_events_per_s"]), _ratio(rt["to_ceiling"]), "", ""))
+    rows.append(("replay CPU per record, file / topic (µs, workers included)",
+                 f"{_fmt(rf.get('replay_cpu_us_per_record'))} / {_fmt(rt.get('replay_cpu_us_per_record'))}", "", "",
+                 "", ""))
     rows.append((f"restore from the changelog (children/s; {_fmt(rs['children'])} children)",
                  _fmt(rs["restore_children_per_s"]), _fmt(rs["ceiling_children_per_s"]), _ratio(rs["to_ceiling"]),
                  "", ""))
     rows.append(("restore: seconds per million children", _fmt(rs["restore_s_per_million_children"]), "", "", "", ""))
+    rows.append(("restore: CPU per changelog record (µs)", _fmt(rs.get("restore_cpu_us_per_record")), "", "", "", ""))
     mem = doc["memory"]
     rows.append((f"peak RSS, {_fmt(mem['children_in_ledger'])} children in the ledger (MB)", _fmt(doc["peak_rss_mb"]),
                  "", "", "< 500 MB, flat", _met(doc["targets"]["memory"])))
@@ -66,6 +74,10 @@ def markdown(doc: dict) -> str:
     rows.append(("scaling: 1 → 2 processes (events/s)",
                  f"{_fmt(sc['1']['events_per_s'])} → {_fmt(sc['2']['events_per_s'])}", _fmt(doc["ceiling_events_per_s"]),
                  f"× {_ratio(sc['speedup'])}", "", ""))
+    if sc["2"].get("cpu_us_per_record"):
+        rows.append(("scaling: CPU per input record, 1 → 2 processes (µs)",
+                     f"{_fmt(sc['1'].get('cpu_us_per_record'))} → {_fmt(sc['2']['cpu_us_per_record'])}", "", "", "",
+                     ""))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lines = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
@@ -87,7 +99,7 @@ def markdown(doc: dict) -> str:
     return "\n".join([
         f"# Benchmark results ({doc['mode']})", "",
         f"`{doc['command']}` at commit `{doc['git']['commit']}`{dirty}, {doc['started_at']}, "
-        f"{doc['duration_s']:.0f} s.", "",
+        f"{doc['duration_s']:.0f} s. Implementation: {doc.get('implementation', 'python')}.", "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {_fmt(m['memory_mb'])} MB; Python {m['python']}, "
         f"librdkafka {m['librdkafka']}, {doc['kafka']} (local, shared); load average "
         f"{m['load_avg_at_start'][0]:.1f} at start, {doc['load_avg_at_end'][0]:.1f} at end. The machine is shared: "

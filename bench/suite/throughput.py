@@ -4,11 +4,13 @@ released at once, and timed until the group has committed every input offset (pr
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.suite import passthrough
 from bench.suite.backlog import HeldLoad, Record
+from bench.suite.cpu import CpuSampler
 from bench.suite.env import INPUT, Env, TopicSet
 from bench.suite.procs import Procs, wait_assigned
 from bench.suite.progress import CommittedPoller, Throughput
@@ -27,10 +29,11 @@ class Run:
     state_dir: Path | None = None
     progress: list[tuple[float, int]] = field(default_factory=list)  # (monotonic time, offsets committed)
     checkpoints: list[dict] = field(default_factory=list)  # per process, from its log
+    cpu_us_per_record: float | None = None  # every process of the run, release to last commit (cpu.py)
 
     def as_dict(self) -> dict:
-        return {**self.throughput.as_dict(), "processes": len(self.peak_rss_mb), "peak_rss_mb": self.peak_rss_mb,
-                "checkpoints": self.checkpoints}
+        return {**self.throughput.as_dict(), "cpu_us_per_record": self.cpu_us_per_record,
+                "processes": len(self.peak_rss_mb), "peak_rss_mb": self.peak_rss_mb, "checkpoints": self.checkpoints}
 
     def progress_at(self, t: float) -> int:
         before = [n for ts, n in self.progress if ts <= t]
@@ -54,14 +57,19 @@ def run_processors(env: Env, procs: Procs, topic_set: TopicSet, records: list[Re
             raise
         poller = CommittedPoller(env.client_config(), group, topic_set.name(INPUT), load.per_partition)
         poller.start()
+        sampler = CpuSampler(children)
+        sampler.start()
         released = load.release()
         poller.wait(RUN_TIMEOUT_S, alive=lambda: [c.check_alive() for c in children])
+        time.sleep(0.05)  # a CPU sample after the last commit seen
+        sampler.stop()
     finally:
         if not keep_running:
             for child in children:
                 procs.stop(child)
-    run = Run(label, poller.throughput(released), load.per_partition, [c.peak_rss_mb for c in children], group,
-              state_dir, poller.samples, [c.checkpoints() for c in children])
+    rate = poller.throughput(released)
+    run = Run(label, rate, load.per_partition, [c.peak_rss_mb for c in children], group, state_dir, poller.samples,
+              [c.checkpoints() for c in children], sampler.us_per_record(poller.samples, rate.seconds, len(records)))
     return run, children
 
 
@@ -104,9 +112,15 @@ def run_ceiling(env: Env, procs: Procs, source: TopicSet, source_run: Run, targe
             raise
         poller = CommittedPoller(env.client_config(), env.group(label), target.name(INPUT), load.per_partition)
         poller.start()
+        sampler = CpuSampler([child])
+        sampler.start()
         released = load.release()
         poller.wait(RUN_TIMEOUT_S, alive=child.check_alive)
+        time.sleep(0.05)  # a CPU sample after the last commit seen
+        sampler.stop()
     finally:
         procs.stop(child)
-    return Run(label, poller.throughput(released), load.per_partition, [child.peak_rss_mb], env.group(label),
-               checkpoints=[child.checkpoints()]), counts
+    rate = poller.throughput(released)
+    return Run(label, rate, load.per_partition, [child.peak_rss_mb], env.group(label),
+               checkpoints=[child.checkpoints()],
+               cpu_us_per_record=sampler.us_per_record(poller.samples, rate.seconds, len(records))), counts
