@@ -9,6 +9,7 @@ import sys
 from datetime import datetime, timezone
 
 from branch_settlement.errors import SettlementError
+from branch_settlement.schemas import native
 from branch_settlement.processors.cli import arguments
 
 EXIT_AGREES = 0
@@ -254,7 +255,8 @@ def _replay_topic(args: argparse.Namespace) -> int:
     out = sys.stderr if args.json else sys.stdout
     out.write(f"replayed {report.events:,} input records of {names['branch-events']} partitions "
               f"{','.join(map(str, report.partitions))} in {report.seconds:.2f} s ({rate:,.0f}/s); compared "
-              f"{report.compared:,} outputs" + (" and the live ledgers" if live else "") + "\n")
+              f"{report.compared:,} outputs" + (" and the live ledgers" if live else "") +
+              f"; implementation {native.describe(codec.implementation)}\n")
     lagging = report.inputs_not_yet_processed or report.not_yet_processed
     if lagging:
         _print_lag(report, out)

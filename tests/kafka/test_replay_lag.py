@@ -93,6 +93,16 @@ def test_lag_is_not_yet_processed_and_agrees_once_caught_up(kafka_topics, tmp_pa
     doc = json.loads(replay(kafka_topics, "--group-id", "g", "--json").stdout)["crosscheck"]
     assert doc["agrees"] and doc["not_yet_processed"]["inputs"] == 0 and not doc["not_yet_processed"]["expected"]
 
+    # an audit by the other implementation (docs/implementations.md): the live run, compiled (the default where
+    # it is built, as `make install` builds it here), re-derived by the pure-Python reference
+    assert "implementation compiled (branch-settlement-native" in proc.output()
+    assert "implementation compiled (branch-settlement-native" in run.stdout
+    run = settle("--implementation", "python", "replay", "--topic", "branch-events", "--topic-prefix",
+                 kafka_topics.prefix, "--bootstrap-servers", bootstrap, "--group-id", "g")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "AGREES: every output and ledger matches the replay" in run.stdout
+    assert "implementation python (the pure-Python reference)" in run.stdout
+
 
 def test_outputs_missing_below_the_committed_offsets_are_missing(kafka_topics, kafka_admin, tmp_path: Path) -> None:
     """The input alone, with a group's offsets committed at its end as if a processor had folded it: every
