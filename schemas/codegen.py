@@ -95,14 +95,18 @@ def _read_varint(data: bytes, pos: int, first: int) -> tuple[int, int]:
     """(value, position after it) of a varint of several bytes whose first byte was `first`."""
     n = first & 0x7F
     shift = 7
+    beyond = 0  # the bits past the 70th, OR-ed, not shifted: a long run of bytes costs linear time
     while True:
         b = data[pos]
         pos += 1
-        n |= (b & 0x7F) << shift
+        if shift < 70:
+            n |= (b & 0x7F) << shift
+        else:
+            beyond |= b & 0x7F
         shift += 7
         if b < 0x80:
             break
-    if n >> 64:  # no long has it: fastavro would wrap it around to a small number, so refuse it here
+    if beyond or n >> 64:  # no long has it: fastavro would wrap it around to a small number, so refuse it here
         raise CodecError(f"a varint at byte {pos} is beyond the 64 bits of an Avro long")
     return (n >> 1) ^ -(n & 1), pos
 
@@ -119,13 +123,20 @@ def check_varints(schema: Any, data: bytes, pos: int, count: int = 1, named: dic
     CodecError at a varint beyond 64 bits, which fastavro wraps around to a small number (a quantity of 2**64 + 5
     would be booked as 5). Run before fastavro reads what the generated readers leave to it: a sized block (a
     negative count), an older writer schema, a Confluent frame of another version, a container file's block.
-    Bytes it cannot walk (truncated, a bad branch ...) it leaves to fastavro's own error. Returns the end position
-    (or -1 where it stopped early)."""
+    It also refuses what would make fastavro loop for ever or lose its place: a block of more items than bytes
+    left, `count` records in fewer bytes, a sized block whose byte size disagrees with its items. Bytes it cannot
+    walk (truncated, a bad branch ...) it leaves to fastavro's own error. Returns the end position (or -1 where it
+    stopped early)."""
     if named is None:
         named = _named_of(schema)
+    if count > 1 and count > len(data) - pos:
+        raise CodecError(f"{count} records in {len(data) - pos} bytes")  # fastavro would loop over them all
     try:
         for _ in range(count):
+            start = pos
             pos = _scan(schema, data, pos, named)
+            if pos == start:
+                break  # records of no width: the rest read no byte either
         return pos
     except CodecError:
         raise
@@ -162,10 +173,11 @@ def _scan(schema: Any, data: bytes, pos: int, named: dict[str, Any]) -> int:
         if size < 0 or pos + size > len(data):
             raise IndexError(size)
         return pos + size
-    if kind in _FIXED_WIDTH:
-        return pos + _FIXED_WIDTH[kind]
-    if kind == "fixed":
-        return pos + schema["size"]
+    if kind in _FIXED_WIDTH or kind == "fixed":
+        end = pos + (_FIXED_WIDTH[kind] if kind in _FIXED_WIDTH else schema["size"])
+        if end > len(data):
+            raise IndexError(end)
+        return end
     if kind == "record":
         for field in schema["fields"]:
             pos = _scan(field["type"], data, pos, named)
@@ -176,9 +188,15 @@ def _scan(schema: Any, data: bytes, pos: int, named: dict[str, Any]) -> int:
             block, pos = _scan_long(data, pos)
             if block == 0:
                 return pos
-            if block < 0:  # a sized block: its byte size follows
+            size = None
+            if block < 0:  # a sized block: its byte size follows (fastavro seeks past it where it skips a field)
                 block = -block
-                _, pos = _scan_long(data, pos)
+                size, pos = _scan_long(data, pos)
+            if block > len(data) - pos:
+                # more items than bytes left: fastavro reads booleans or nulls past the end without failing,
+                # 2**62 times over (a hang); no record of ours has such a block
+                raise CodecError(f"a block of {block} items at byte {pos}: {len(data) - pos} bytes follow")
+            first = pos
             for _ in range(block):
                 start = pos
                 if kind == "map":
@@ -186,6 +204,10 @@ def _scan(schema: Any, data: bytes, pos: int, named: dict[str, Any]) -> int:
                 pos = _scan(item, data, pos, named)
                 if pos == start:
                     break  # items of no width: the rest of the block reads no byte either
+            if size is not None and pos != first + size:
+                # a reader skipping the block would land elsewhere than one reading it: no walk can be sure
+                raise CodecError(f"a block of {block} items at byte {first} says it is {size} bytes long, "
+                                 f"its items take {pos - first}")
     raise IndexError(kind)
 
 
@@ -392,8 +414,8 @@ def _plan(g: _Gen, schema: Any, stack: tuple[str, ...], writing: bool) -> tuple[
     if isinstance(schema, list):
         if writing:
             other = [branch for branch in schema if branch != _NULL]
-            if len(schema) != 2 or len(other) != 1 or g.resolve(other[0], stack)[0] == "int":
-                raise _Unsupported("union")
+            if len(schema) != 2 or len(other) != 1 or g.resolve(other[0], stack)[0] in ("int", _NULL):
+                raise _Unsupported("union")  # a null spelled as a type object: the generated writer decides
         elif len(schema) > 64:
             raise _Unsupported("union")
         return (_PLAN_UNION, tuple(_plan(g, branch, stack, writing) for branch in schema))

@@ -45,14 +45,15 @@ def module() -> ModuleType | None:
 def select(requested: str | None = None) -> str:
     """COMPILED or PYTHON: `requested`, else $SETTLE_IMPLEMENTATION, else auto. ConfigError for an unknown
     choice, or for `compiled` where the extension is not installed."""
+    source = "the implementation asked for" if requested is not None else ENV
     value = (requested if requested is not None else os.environ.get(ENV, "")).strip().lower() or AUTO
     if value not in CHOICES:
-        raise ConfigError(f"{ENV}={value!r}: expected one of {', '.join(CHOICES)}")
+        raise ConfigError(f"{source} is {value!r}: expected one of {', '.join(CHOICES)}")
     loaded, why = _load()
     if value == AUTO:
         return COMPILED if loaded is not None else PYTHON
     if value == COMPILED and loaded is None:
-        raise ConfigError(f"the compiled implementation was asked for ({ENV}=compiled), but {why}; "
+        raise ConfigError(f"the compiled implementation was asked for ({source} is compiled), but {why}; "
                           f"or run {ENV}=python")
     return value
 

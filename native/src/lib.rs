@@ -128,11 +128,24 @@ fn write(node: &Node, value: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> Result<(),
         }
         Node::Map(values) => {
             let map = value.downcast_exact::<PyDict>().map_err(|_| NotPlain)?;
-            if !map.is_empty() {
-                put_long(out, map.len() as i64);
-                for (key, item) in map.iter() {
+            let size = map.len();
+            if size > 0 {
+                put_long(out, size as i64);
+                // PyDict_Next rather than PyO3's iterator, which panics (an abort, here) if the map changes size
+                // under it; a lookup of an odd key in a nested record can run Python code that changes it. The
+                // generated Python raises then (RuntimeError), so this gives up alike: NotPlain.
+                let py = value.py();
+                let mut at: pyo3::ffi::Py_ssize_t = 0;
+                let mut key: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
+                let mut item: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
+                // SAFETY: `map` is a dict held by `value`; PyDict_Next gives borrowed references, owned at once.
+                while unsafe { pyo3::ffi::PyDict_Next(map.as_ptr(), &mut at, &mut key, &mut item) } != 0 {
+                    let (key, item) = unsafe { (Bound::from_borrowed_ptr(py, key), Bound::from_borrowed_ptr(py, item)) };
                     write(&Node::Str, &key, out)?;
                     write(values, &item, out)?;
+                    if map.len() != size {
+                        return Err(NotPlain);
+                    }
                 }
             }
             out.push(0);
@@ -162,6 +175,23 @@ fn write(node: &Node, value: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> Result<(),
     Ok(())
 }
 
+/// A writer's unions are [null, T] or [T, null] with T not null (codegen._plan refuses others): `write`
+/// relies on it.
+fn check_writable(node: &Node) -> PyResult<()> {
+    match node {
+        Node::Record { fields, .. } => fields.iter().try_for_each(check_writable),
+        Node::Map(inner) | Node::Array(inner) => check_writable(inner),
+        Node::Union(branches) => {
+            let nulls = branches.iter().filter(|b| matches!(b, Node::Null)).count();
+            if branches.len() != 2 || nulls != 1 {
+                return Err(PyValueError::new_err("a writer's union plan is null and one other type"));
+            }
+            branches.iter().try_for_each(check_writable)
+        }
+        _ => Ok(()),
+    }
+}
+
 /// `header` + the Avro binary encoding of a plain record, as codegen.compile_encoder's generated function.
 #[pyclass(frozen, module = "branch_settlement_native")]
 struct Encoder {
@@ -174,7 +204,9 @@ struct Encoder {
 impl Encoder {
     #[new]
     fn new(plan: &Bound<'_, PyAny>, header: Vec<u8>, not_plain: Bound<'_, PyType>) -> PyResult<Self> {
-        Ok(Encoder { header, root: build(plan)?, not_plain: not_plain.unbind() })
+        let root = build(plan)?;
+        check_writable(&root)?;
+        Ok(Encoder { header, root, not_plain: not_plain.unbind() })
     }
 
     fn __call__<'py>(&self, py: Python<'py>, value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {

@@ -61,7 +61,7 @@ def test_the_compiled_codec_runs_compiled_readers_and_writers(compiled, python):
 
 def test_an_unknown_or_missing_implementation_is_a_clear_error(monkeypatch):
     monkeypatch.setenv(native.ENV, "rust")
-    with pytest.raises(native.ConfigError, match="SETTLE_IMPLEMENTATION='rust': expected one of auto, compiled"):
+    with pytest.raises(native.ConfigError, match="SETTLE_IMPLEMENTATION is 'rust': expected one of auto, compiled"):
         native.select()
     monkeypatch.setenv(native.ENV, "python")
     assert native.select() == native.PYTHON

@@ -281,6 +281,130 @@ def test_a_varint_beyond_64_bits_is_refused_where_fastavro_reads_too(forged: int
         list(codec.read_container(io.BytesIO(forged_file)))
 
 
+# Hostile blocks on the paths fastavro reads (review findings): each is run in a process of its own with a time
+# limit, because what they guard against is a loop that never ends.
+_HOSTILE_BLOCKS = r"""
+import io, json, sys
+import fastavro
+from branch_settlement.schemas.codec import Codec
+from branch_settlement.schemas.confluent import ConfluentCodec, StaticSchemas, frame, standalone_schemas
+from branch_settlement.schemas.errors import CodecError
+
+def varint(value):
+    n = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+codec = Codec(implementation=sys.argv[2])
+tick = codec.encode("Tick", {"event_id": "e", "idempotency_key": "k", "parent_id": "", "occurred_at_ms": 1,
+                             "now_ms": 2})[10:]
+case = sys.argv[1]
+try:
+    if case == "boolean-array":  # a registry's version of Tick with an array of booleans, 2**62 of them
+        schema = json.loads(standalone_schemas()["Tick"])
+        schema["fields"].append({"name": "flags", "type": {"type": "array", "items": "boolean"}, "default": []})
+        confluent = ConfluentCodec(StaticSchemas({7: json.dumps(schema)}), implementation=sys.argv[2])
+        assert confluent.decode_event(frame(7, tick + b"\x02\x01\x00"))["now_ms"] == 2
+        confluent.decode_event(frame(7, tick + varint(2**62 - 1)))
+    elif case == "container-count":  # a container block that claims 2**62 records
+        buffer = io.BytesIO()
+        codec.write_container(buffer, [codec.event_from_json({"type": "Tick", "event_id": "e",
+                                       "idempotency_key": "k", "parent_id": "", "occurred_at_ms": 1, "now_ms": 2})])
+        data = buffer.getvalue()
+        sync = data[-16:]
+        start = data.index(sync) + 16
+        size = data[start + 1] // 2
+        hostile = data[:start] + varint(2**62 - 1) + data[start + 1:start + 2 + size] + sync
+        list(codec.read_container(io.BytesIO(hostile)))
+    elif case == "sized-block":  # a version of ChildReserved that fastavro skips a field of by its byte size
+        schema = json.loads(standalone_schemas()["ChildReserved"])
+        at = [f["name"] for f in schema["fields"]].index("quantities")
+        schema["fields"].insert(at, {"name": "junk", "type": {"type": "array", "items": "string"}, "default": []})
+        confluent = ConfluentCodec(StaticSchemas({9: json.dumps(schema)}), implementation=sys.argv[2])
+        head = b"".join(varint(len(v)) + v for v in (b"e", b"k", b"P")) + varint(1) + b"".join(
+            varint(len(v)) + v for v in (b"c", b"b", b"a"))
+        forged = bytes([0xFF] * 9) + b"\x02"  # 2**64 + ...: wrapped around by fastavro
+        entries = b"\x02b" + forged
+        # the sized block says 0 bytes: fastavro would skip nothing, then read 'junk''s items as the quantities
+        body = head + varint(-1) + varint(0) + varint(2) + b"\x02a" + varint(len(entries)) + entries + b"\x00"
+        print(confluent.decode_event(frame(9, body)))
+    elif case == "long-varint":  # a megabyte of continuation bytes: refused in linear time, on both paths
+        hostile = codec.version("Tick").header + tick[:-1] + b"\x80" * 1_000_000 + b"\x01"
+        for decode in (codec.decode, codec._decode_with_fastavro):
+            try:
+                decode(hostile)
+                print("no error")
+                sys.exit(0)
+            except CodecError as exc:
+                assert "beyond the 64 bits" in str(exc), exc
+        codec._decode_with_fastavro(hostile)
+    print("no error")
+except CodecError as exc:
+    print(f"CodecError: {exc}")
+"""
+
+
+@pytest.mark.parametrize("implementation", ["compiled", "python"])
+@pytest.mark.parametrize("case, refusal", [
+    ("boolean-array", "a block of 4611686018427387903 items at byte"),
+    ("container-count", "4611686018427387903 records in"),
+    ("sized-block", "says it is 0 bytes long, its items take"),
+    ("long-varint", "beyond the 64 bits of an Avro long"),
+])
+def test_a_hostile_block_is_refused_not_looped_over(case: str, refusal: str, implementation: str) -> None:
+    done = subprocess.run([sys.executable, "-c", _HOSTILE_BLOCKS, case, implementation], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("CodecError: ") and refusal in done.stdout, done.stdout
+
+
+def test_a_union_of_two_nulls_is_left_to_the_generated_writer() -> None:
+    """A null spelled as a type object beside "null": the plan refuses it, so the compiled codec writes it with
+    the generated Python writer, byte for byte (an Encoder given such a plan refuses it too)."""
+    from branch_settlement.schemas import codegen, native
+
+    schema = fastavro.parse_schema({"type": "record", "name": "N", "fields": [
+        {"name": "x", "type": [{"type": "null"}, "null"]}]})
+    compiled = codegen.compile_encoder(schema, b"H", native.COMPILED)
+    assert not isinstance(compiled, native.module().Encoder)
+    assert compiled({"x": None}) == codegen.compile_encoder(schema, b"H", native.PYTHON)({"x": None})
+    with pytest.raises(ValueError, match="a writer's union plan is null and one other type"):
+        native.module().Encoder((5, ("x",), ((8, ((0,), (0,))),)), b"H", codegen.NotPlain)
+
+
+def test_a_map_that_changes_size_while_written_is_left_to_fastavro() -> None:
+    """A map's odd key can run Python code (its __eq__, on a lookup) that changes another map being written: the
+    compiled writer gives up (NotPlain) as the generated one does, instead of aborting the process."""
+    script = r"""
+import sys
+from branch_settlement.schemas.codec import Codec
+from branch_settlement.schemas.codegen import NotPlain
+capacity = {}
+class Key:
+    def __hash__(self): return hash("quantity")
+    def __eq__(self, other):
+        capacity["more%d" % len(capacity)] = {"quantity": 1, "kind": "logical"}
+        return False
+capacity["a"] = {Key(): 0, "quantity": 1, "kind": "logical"}
+capacity["b"] = {"quantity": 2, "kind": "logical"}
+record = {"event_id": "e", "idempotency_key": "k", "parent_id": "p", "occurred_at_ms": 1, "capacity": capacity,
+          "lease_ttl_ms": 5, "policy": {"max_live_children": 1, "reconciliation_timeout_ms": 1, "lending_limit": {}}}
+try:
+    Codec(implementation=sys.argv[1])._encoders["ParentReserved"](record)
+    print("written")
+except NotPlain:
+    print("not plain")
+"""
+    for implementation in ("compiled", "python"):
+        done = subprocess.run([sys.executable, "-c", script, implementation], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0 and done.stdout.strip() == "not plain", (implementation, done)
+
+
 def test_a_dead_letters_reason_is_the_same_in_every_process() -> None:
     """fastavro names the stream it read, with its address; the reason keeps none, so the processor's dead
     letter and a replay's agree (settle replay --topic compares them)."""
