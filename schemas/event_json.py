@@ -396,3 +396,47 @@ def compile_sorted_json(name: str, parsed_schema: dict[str, Any], leave_out: tup
                  "_ESCAPED": bytes(range(0x20)) + b'"\\'}
     exec(compile("\n".join(g.lines) + "\n", f"<sorted json of {name}>", "exec"), namespace)
     return namespace["sorted_json"]
+
+
+# Plan kinds of the compiled sorted-JSON digest (native/src/lib.rs, SortedJsonDigest).
+_JSON_PLAN = {"null": 0, "boolean": 1, "long": 2, "int": 2, "string": 3}
+_JSON_RECORD, _JSON_MAP, _JSON_ARRAY, _JSON_UNION = 5, 6, 7, 8
+
+
+def sorted_json_plan(parsed_schema: dict[str, Any], leave_out: tuple[str, ...] = ()) -> tuple | None:
+    """What `compile_sorted_json` generates for the event schema, as data for the compiled module: (the count of
+    the event's keys, the keys left out, the kept keys sorted, a plan per kept key); None where the generated
+    function is never sure (it then always returns None). The same walk as `_emit_json`."""
+    named = parsed_schema.get("__named_schemas", {})
+    fields = {field["name"]: field["type"] for field in parsed_schema["fields"]}
+    fields[TYPE_FIELD] = {"type": "string"}
+    kept = sorted(key for key in fields if key not in leave_out)
+    try:
+        plans = tuple(_json_plan(named, fields[key]) for key in kept)
+    except _NotSure:
+        return None
+    return (len(fields), tuple(key for key in fields if key in leave_out), tuple(kept), plans)
+
+
+def _json_plan(named: dict[str, Any], schema: Any) -> tuple:
+    while isinstance(schema, str) and schema in named:
+        schema = named[schema]
+    if isinstance(schema, dict) and schema.get("type") in _LEAVES and "logicalType" not in schema:
+        schema = schema["type"]
+    if isinstance(schema, list):
+        other = [branch for branch in schema if branch != "null"]
+        if len(schema) != 2 or len(other) != 1:
+            raise _NotSure
+        return (_JSON_UNION, _json_plan(named, other[0]))
+    kind = schema if isinstance(schema, str) else schema["type"]
+    if kind in _JSON_PLAN:
+        return (_JSON_PLAN[kind],)
+    if kind == "record":
+        fields = sorted(schema["fields"], key=lambda field: field["name"])
+        return (_JSON_RECORD, tuple(field["name"] for field in fields),
+                tuple(_json_plan(named, field["type"]) for field in fields))
+    if kind == "map":
+        return (_JSON_MAP, _json_plan(named, schema["values"]))
+    if kind == "array":
+        return (_JSON_ARRAY, _json_plan(named, schema["items"]))
+    raise _NotSure

@@ -427,10 +427,237 @@ impl Decoder {
     }
 }
 
+// ---- the idempotency digest ------------------------------------------------------------------------------
+
+/// A JSON plan (schemas/event_json.py, sorted_json_plan): what the generated sorted-JSON writer checks and writes.
+enum Json {
+    Null,
+    Boolean,
+    Int,
+    Str,
+    Record { keys: Vec<Py<PyString>>, names: Vec<String>, fields: Vec<Json> },
+    Map(Box<Json>),
+    Array(Box<Json>),
+    Nullable(Box<Json>),
+}
+
+fn build_json(plan: &Bound<'_, PyAny>) -> PyResult<Json> {
+    let plan = plan.downcast::<PyTuple>()?;
+    let kind: u8 = plan.get_item(0)?.extract()?;
+    Ok(match kind {
+        NULL => Json::Null,
+        BOOLEAN => Json::Boolean,
+        LONG => Json::Int,
+        STRING => Json::Str,
+        RECORD => {
+            let py = plan.py();
+            let names: Vec<String> = plan.get_item(1)?.extract()?;
+            let keys = names.iter().map(|name| PyString::intern(py, name).unbind()).collect();
+            let mut fields = Vec::new();
+            for field in plan.get_item(2)?.try_iter()? {
+                fields.push(build_json(&field?)?);
+            }
+            if names.len() != fields.len() {
+                return Err(PyValueError::new_err("a record plan needs one plan per field"));
+            }
+            Json::Record { keys, names, fields }
+        }
+        MAP => Json::Map(Box::new(build_json(&plan.get_item(1)?)?)),
+        ARRAY => Json::Array(Box::new(build_json(&plan.get_item(1)?)?)),
+        UNION => Json::Nullable(Box::new(build_json(&plan.get_item(1)?)?)),
+        other => return Err(PyValueError::new_err(format!("unknown JSON plan kind {other}"))),
+    })
+}
+
+/// Anything the generated writer is not sure of: json.dumps decides (the caller digests its text).
+struct NotSure;
+
+/// A string as the generated writer takes it: exact str, valid UTF-8, nothing json.dumps would escape.
+fn json_str<'a>(value: &'a Bound<'_, PyAny>) -> Result<&'a str, NotSure> {
+    let text = value.downcast_exact::<PyString>().map_err(|_| NotSure)?.to_str().map_err(|_| NotSure)?;
+    if text.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        return Err(NotSure);
+    }
+    Ok(text)
+}
+
+fn write_json(node: &Json, value: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> Result<(), NotSure> {
+    match node {
+        Json::Null => {
+            if !value.is_none() {
+                return Err(NotSure);
+            }
+            out.extend_from_slice(b"null");
+        }
+        Json::Boolean => {
+            let flag = value.downcast_exact::<PyBool>().map_err(|_| NotSure)?;
+            out.extend_from_slice(if flag.is_true() { b"true" } else { b"false" });
+        }
+        Json::Int => {
+            let int = value.downcast_exact::<PyInt>().map_err(|_| NotSure)?;
+            match int.extract::<i64>() {
+                Ok(n) => out.extend_from_slice(n.to_string().as_bytes()),
+                // beyond 64 bits: Python's own decimal text, as the f-string writes it
+                Err(_) => out.extend_from_slice(int.str().map_err(|_| NotSure)?.to_str().map_err(|_| NotSure)?.as_bytes()),
+            }
+        }
+        Json::Str => {
+            out.push(b'"');
+            out.extend_from_slice(json_str(value)?.as_bytes());
+            out.push(b'"');
+        }
+        Json::Record { keys, names, fields } => {
+            let record = value.downcast_exact::<PyDict>().map_err(|_| NotSure)?;
+            if record.len() != fields.len() {
+                return Err(NotSure);
+            }
+            let py = value.py();
+            out.push(b'{');
+            for (index, ((key, name), field)) in keys.iter().zip(names).zip(fields).enumerate() {
+                let item = record.get_item(key.bind(py)).map_err(|_| NotSure)?.ok_or(NotSure)?;
+                if index > 0 {
+                    out.push(b',');
+                }
+                out.push(b'"');
+                out.extend_from_slice(name.as_bytes());
+                out.extend_from_slice(b"\":");
+                write_json(field, &item, out)?;
+            }
+            out.push(b'}');
+        }
+        Json::Map(values) => {
+            let map = value.downcast_exact::<PyDict>().map_err(|_| NotSure)?;
+            let mut items = Vec::with_capacity(map.len());
+            let py = value.py();
+            let mut at: pyo3::ffi::Py_ssize_t = 0;
+            let mut key: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
+            let mut item: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
+            // SAFETY: as in `write`: borrowed references from PyDict_Next, owned at once; no Python code runs here.
+            while unsafe { pyo3::ffi::PyDict_Next(map.as_ptr(), &mut at, &mut key, &mut item) } != 0 {
+                items.push(unsafe { (Bound::from_borrowed_ptr(py, key), Bound::from_borrowed_ptr(py, item)) });
+            }
+            let mut keyed = Vec::with_capacity(items.len());
+            for (key, item) in &items {
+                // any key not an exact str (or one json.dumps would escape): not sure
+                keyed.push((json_str(key)?, item));
+            }
+            keyed.sort_unstable_by(|a, b| a.0.cmp(b.0)); // str keys are unique: code point order, as sorted()
+            out.push(b'{');
+            for (index, (key, item)) in keyed.into_iter().enumerate() {
+                if index > 0 {
+                    out.push(b',');
+                }
+                out.push(b'"');
+                out.extend_from_slice(key.as_bytes());
+                out.extend_from_slice(b"\":");
+                write_json(values, item, out)?;
+            }
+            out.push(b'}');
+        }
+        Json::Array(items) => {
+            let list = value.downcast_exact::<PyList>().map_err(|_| NotSure)?;
+            out.push(b'[');
+            for (index, item) in list.iter().enumerate() {
+                if index > 0 {
+                    out.push(b',');
+                }
+                write_json(items, &item, out)?;
+            }
+            out.push(b']');
+        }
+        Json::Nullable(inner) => {
+            if value.is_none() {
+                out.extend_from_slice(b"null");
+            } else {
+                write_json(inner, value, out)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The idempotency digest of an event of one type (processors/ledger/fold.py, payload_digest): BLAKE2b-128 of the
+/// text schemas/event_json.py's generated sorted-JSON writer gives, or None where that writer is not sure.
+#[pyclass(frozen, module = "branch_settlement_native")]
+struct SortedJsonDigest {
+    count: usize,
+    left_out: Vec<Py<PyString>>,
+    record: Json,
+}
+
+impl SortedJsonDigest {
+    fn text(&self, event: &Bound<'_, PyAny>) -> Result<Vec<u8>, NotSure> {
+        let dict = event.downcast_exact::<PyDict>().map_err(|_| NotSure)?;
+        if dict.len() != self.count {
+            return Err(NotSure);
+        }
+        let py = event.py();
+        for key in &self.left_out {
+            if !dict.contains(key.bind(py)).map_err(|_| NotSure)? {
+                return Err(NotSure);
+            }
+        }
+        let mut out = Vec::with_capacity(256);
+        // the kept keys are a record of their own: same checks but the count (the event has the left-out keys too)
+        if let Json::Record { keys, names, fields } = &self.record {
+            out.push(b'{');
+            for (index, ((key, name), field)) in keys.iter().zip(names).zip(fields).enumerate() {
+                let item = dict.get_item(key.bind(py)).map_err(|_| NotSure)?.ok_or(NotSure)?;
+                if index > 0 {
+                    out.push(b',');
+                }
+                out.push(b'"');
+                out.extend_from_slice(name.as_bytes());
+                out.extend_from_slice(b"\":");
+                write_json(field, &item, &mut out)?;
+            }
+            out.push(b'}');
+        }
+        Ok(out)
+    }
+}
+
+#[pymethods]
+impl SortedJsonDigest {
+    #[new]
+    fn new(plan: &Bound<'_, PyTuple>) -> PyResult<Self> {
+        let py = plan.py();
+        let count: usize = plan.get_item(0)?.extract()?;
+        let left_out: Vec<String> = plan.get_item(1)?.extract()?;
+        let kept: Vec<String> = plan.get_item(2)?.extract()?;
+        let mut fields = Vec::new();
+        for field in plan.get_item(3)?.try_iter()? {
+            fields.push(build_json(&field?)?);
+        }
+        if kept.len() != fields.len() {
+            return Err(PyValueError::new_err("a digest plan needs one plan per kept key"));
+        }
+        let keys = kept.iter().map(|name| PyString::intern(py, name).unbind()).collect();
+        Ok(SortedJsonDigest {
+            count,
+            left_out: left_out.iter().map(|name| PyString::intern(py, name).unbind()).collect(),
+            record: Json::Record { keys, names: kept, fields },
+        })
+    }
+
+    /// The digest, or None where json.dumps decides.
+    fn __call__<'py>(&self, py: Python<'py>, event: &Bound<'py, PyAny>) -> Option<Bound<'py, PyBytes>> {
+        use blake2::digest::{consts::U16, Digest};
+        let text = self.text(event).ok()?;
+        Some(PyBytes::new(py, &blake2::Blake2b::<U16>::digest(&text)))
+    }
+
+    /// The text digested, or None (for the tests: the generated writer's text, byte for byte).
+    fn sorted_json<'py>(&self, py: Python<'py>, event: &Bound<'py, PyAny>) -> Option<Bound<'py, PyBytes>> {
+        self.text(event).ok().map(|text| PyBytes::new(py, &text))
+    }
+}
+
 #[pymodule]
 fn branch_settlement_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Encoder>()?;
     m.add_class::<Decoder>()?;
+    m.add_class::<SortedJsonDigest>()?;
     m.add("PLAN_VERSION", 1)?;
     Ok(())
 }

@@ -32,7 +32,8 @@ from branch_settlement.projections.view import LedgerView
 from branch_settlement.schemas.codec import EVENT_TYPES, SCHEMA_DIR
 from branch_settlement.schemas.registry import load_registry
 from branch_settlement.schemas.partitioning import partition_of
-from branch_settlement.schemas.event_json import compile_sorted_json
+from branch_settlement.schemas import native
+from branch_settlement.schemas.event_json import compile_sorted_json, sorted_json_plan
 
 # Fields that describe a delivery, not the settlement: left out of the payload comparison (SPEC §10).
 DELIVERY_FIELDS = ("event_id", "occurred_at_ms")
@@ -62,14 +63,39 @@ _SORTED_JSON = _sorted_json_writers()
 _blake2b = hashlib.blake2b
 
 
+def _python_digest(sorted_json):
+    def digest(event: dict) -> bytes | None:
+        data = sorted_json(event)
+        return None if data is None else _blake2b(data, digest_size=16).digest()
+    return digest
+
+
+def _digest_writers() -> dict:
+    """Per event type, the digest of `_SORTED_JSON`'s text, or None where it is not sure: the compiled module's
+    (native/, SortedJsonDigest, from the same plan) or the generated Python's, as schemas/native.py selects. Made at
+    the first digest, not at import, so that `settle --implementation` has set the choice by then."""
+    global _DIGESTS
+    if native.select() == native.COMPILED:
+        current = load_registry(SCHEMA_DIR).current
+        plans = {name: sorted_json_plan(current[name].parsed, DELIVERY_FIELDS) for name in EVENT_TYPES}
+        _DIGESTS = {name: native.module().SortedJsonDigest(plan) if plan is not None else (lambda event: None)
+                    for name, plan in plans.items()}
+    else:
+        _DIGESTS = {name: _python_digest(writer) for name, writer in _SORTED_JSON.items()}
+    return _DIGESTS
+
+
+_DIGESTS: dict | None = None
+
+
 def payload_digest(event: dict) -> bytes:
     try:
-        data = _SORTED_JSON[event["type"]](event)
+        digest = (_DIGESTS or _digest_writers())[event["type"]](event)
     except Exception:  # not an event of a known type: json.dumps below says what it is
-        data = None
-    if data is None:
-        data = _canonical_json(event).encode()
-    return _blake2b(data, digest_size=16).digest()
+        digest = None
+    if digest is None:
+        digest = _blake2b(_canonical_json(event).encode(), digest_size=16).digest()
+    return digest
 
 
 # The invariant runs after every applied event on every parent it touched: each balance's terms are fetched in

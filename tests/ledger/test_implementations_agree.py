@@ -169,6 +169,77 @@ def test_a_record_with_any_odd_value_is_written_alike(compiled, python, data):
     assert encode_outcome(compiled, name, record) == encode_outcome(python, name, record)
 
 
+# ---- the idempotency digest ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def digests(compiled):
+    """Per event type: (the compiled SortedJsonDigest, the generated Python sorted-JSON writer) of one plan."""
+    from branch_settlement.processors.ledger.fold import _SORTED_JSON, DELIVERY_FIELDS
+    from branch_settlement.schemas.event_json import sorted_json_plan
+
+    pairs = {}
+    for name in EVENT_TYPES:
+        plan = sorted_json_plan(compiled.version(name).parsed, DELIVERY_FIELDS)
+        assert plan is not None, name  # every event type of ours has a compiled digest
+        pairs[name] = (native.module().SortedJsonDigest(plan), _SORTED_JSON[name])
+    return pairs
+
+
+def assert_digests_alike(digests, name, event):
+    """The writers of event type `name` on `event` (whatever its own "type" now holds)."""
+    import hashlib
+
+    compiled, generated = digests[name]
+    try:
+        want = generated(event)
+    except Exception:  # noqa: BLE001 - the generated writer is never supposed to raise
+        raise AssertionError(f"the generated writer raised on {event!r}") from None
+    got = compiled.sorted_json(event)
+    assert got == want, event
+    assert compiled(event) == (None if want is None else hashlib.blake2b(want, digest_size=16).digest())
+
+
+ODD_JSON_VALUES = [None, True, False, 0, -1, 2**63, -(2**63) - 1, 2**70, 1.5, "", "x", "x\x00y", 'q"uote',
+                   "back\\slash", "tab\there", "\x7f", "é", "\u2028", "\ud800", Label("x"), Count(2), b"x", [],
+                   ["a"], {}, {"tokens": 1}, {"": 1}, {"a\x00": 1}, {"tokens": True}, {1: 2}, {"b": 1, "a": 2},
+                   {"é": 1, "e": 2, "z": 3}, {"tokens": {"quantity": 1, "kind": "logical"}}]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.data())
+def test_the_compiled_digest_digests_the_generated_writers_text(compiled, digests, data):
+    name = data.draw(st.sampled_from(EVENT_TYPES))
+    schema = compiled.version(name).parsed
+    event = {"type": name, **data.draw(strategy(schema, schema["__named_schemas"]))}
+    assert_digests_alike(digests, name, event)
+    field = data.draw(st.sampled_from(sorted(event)))
+    assert_digests_alike(digests, name, {**event, field: data.draw(st.sampled_from(ODD_JSON_VALUES))})
+    missing = dict(event)
+    del missing[field]
+    assert_digests_alike(digests, name, missing)
+    assert_digests_alike(digests, name, {**event, "extra": 1})
+    for key, value in event.items():
+        if isinstance(value, dict) and value:
+            inner = data.draw(st.sampled_from(sorted(value)))
+            odd = data.draw(st.sampled_from(ODD_JSON_VALUES))
+            assert_digests_alike(digests, name, {**event, key: {**value, inner: odd}})
+            assert_digests_alike(digests, name, {**event, key: {**value, data.draw(st.text(max_size=3)): odd}})
+
+
+def test_the_fold_digests_with_the_selected_implementation(monkeypatch):
+    from branch_settlement.processors.ledger import fold
+
+    event = example("worked-example.jsonl", Codec(implementation=native.PYTHON))[1]
+    found = {}
+    for implementation in (native.COMPILED, native.PYTHON):
+        monkeypatch.setenv(native.ENV, implementation)
+        monkeypatch.setattr(fold, "_DIGESTS", None)
+        found[implementation] = fold.payload_digest(event)
+        assert isinstance(fold._DIGESTS[event["type"]], native.module().SortedJsonDigest) == (
+            implementation == native.COMPILED)
+    assert found[native.COMPILED] == found[native.PYTHON]
+
+
 # ---- whole folds ----------------------------------------------------------------------------------------------
 
 def fold_bytes(codec: Codec, events: list[dict], checkpoint_events: int = 50) -> list[bytes]:
