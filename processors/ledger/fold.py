@@ -89,8 +89,9 @@ _DIGESTS: dict | None = None
 
 
 def payload_digest(event: dict) -> bytes:
+    writers = _DIGESTS or _digest_writers()  # a bad SETTLE_IMPLEMENTATION: its ConfigError, not a slow path
     try:
-        digest = (_DIGESTS or _digest_writers())[event["type"]](event)
+        digest = writers[event["type"]](event)
     except Exception:  # not an event of a known type: json.dumps below says what it is
         digest = None
     if digest is None:
