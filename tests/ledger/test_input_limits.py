@@ -208,18 +208,8 @@ def test_a_varint_beyond_64_bits_is_refused_not_wrapped(forged: int) -> None:
         codec.decode_event(data[:at] + _varint(forged) + data[at + 1:])
 
 
-def _raw_varint(value: int) -> bytes:
-    """The varint bytes of `value` as an unsigned number, any size (a forged value beyond 64 bits)."""
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _zigzag(value: int) -> bytes:
-    return _raw_varint((value << 1) ^ (value >> 63))
+    return _varint((value << 1) ^ (value >> 63))
 
 
 def _quantities_in_a_sized_block(data: bytes, key: bytes, forged: bytes) -> bytes:
@@ -244,7 +234,7 @@ def test_a_varint_beyond_64_bits_is_refused_where_fastavro_reads_too(forged: int
     sized = _quantities_in_a_sized_block(data, b"tokens", _zigzag(5))
     assert codec.decode_event(sized)["quantities"] == {"tokens": 5}  # fastavro reads the sized block
     with pytest.raises(CodecError, match="beyond the 64 bits"):
-        codec.decode_event(_quantities_in_a_sized_block(data, b"tokens", _raw_varint(forged)))
+        codec.decode_event(_quantities_in_a_sized_block(data, b"tokens", _varint(forged)))
     # ChildFailed as its first version wrote it (schemas/history): usage is its last map but one
     old = next(v for v in load_registry(SCHEMA_DIR).by_fingerprint.values()
                if v.name == "ChildFailed" and not v.current)
@@ -257,7 +247,7 @@ def test_a_varint_beyond_64_bits_is_refused_where_fastavro_reads_too(forged: int
     assert codec.decode_event(v1)["usage"] == {"tokens": 5}
     at = v1.rindex(_zigzag(5) + b"\x00")
     with pytest.raises(CodecError, match="beyond the 64 bits"):
-        codec.decode_event(v1[:at] + _raw_varint(forged) + v1[at + 1:])
+        codec.decode_event(v1[:at] + _varint(forged) + v1[at + 1:])
     # a Confluent frame of a version known only to the registry (the v1 schema under id 7)
     confluent = ConfluentCodec(StaticSchemas({7: old.source.read_text()}),
                                implementation=implementation)
@@ -265,7 +255,7 @@ def test_a_varint_beyond_64_bits_is_refused_where_fastavro_reads_too(forged: int
     assert confluent.decode_event(framed)["usage"] == {"tokens": 5}
     at = framed.rindex(_zigzag(5) + b"\x00")
     with pytest.raises(CodecError, match="beyond the 64 bits"):
-        confluent.decode_event(framed[:at] + _raw_varint(forged) + framed[at + 1:])
+        confluent.decode_event(framed[:at] + _varint(forged) + framed[at + 1:])
     # a container file: the value forged in its (uncompressed) block
     buffer = io.BytesIO()
     codec.write_container(buffer, [event])
@@ -275,7 +265,7 @@ def test_a_varint_beyond_64_bits_is_refused_where_fastavro_reads_too(forged: int
     count, size = container[start], container[start + 1]  # one record, a block of fewer than 64 bytes
     block = container[start + 2:start + 2 + size // 2]
     at = block.index(b"\x0ctokens\x0a") + 7
-    block = block[:at] + _raw_varint(forged) + block[at + 1:]
+    block = block[:at] + _varint(forged) + block[at + 1:]
     forged_file = container[:start] + bytes([count]) + _zigzag(len(block)) + block + sync
     with pytest.raises(CodecError, match="beyond the 64 bits"):
         list(codec.read_container(io.BytesIO(forged_file)))
