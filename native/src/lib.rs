@@ -1,12 +1,14 @@
 //! The compiled hot path of branch-settlement: Avro binary readers and writers of its records, behind the
-//! interface of the generated Python ones (schemas/codegen.py), which stay the reference.
+//! interface of the generated Python ones (schemas/codegen.py), and the idempotency digest of its events, behind
+//! that of the generated sorted-JSON writers (schemas/event_json.py). The Python stays the reference.
 //!
-//! A schema arrives as a *plan* built in Python (`codegen.plan`): nested tuples whose first item is the kind.
+//! A schema arrives as a *plan* built in Python (`codegen._plan`, `event_json.sorted_json_plan`): nested tuples
+//! whose first item is the kind.
 //! What the plan says is exactly what the generated Python code does, and this module decides nothing of its
 //! own: a writer takes only plain values and raises NotPlain on anything else, so that `Codec` hands the record
 //! to fastavro; a reader takes only the canonical encodings the Python reader takes and raises NotPlain on
 //! anything else, and CodecError (with the same message) for a varint beyond 64 bits.
-//! tests/schemas/test_native_codec.py holds both to the Python ones, byte for byte and error for error.
+//! tests/ledger/test_implementations_agree.py holds them to the Python ones, byte for byte and error for error.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
