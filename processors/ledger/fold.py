@@ -55,10 +55,11 @@ def _canonical_json(event: dict) -> str:
 def _sorted_json_writers() -> dict:
     """Per event type, the same text as `_canonical_json` written by a function generated from the event's
     schema (schemas/event_json.py), or None where it is not sure (then `_canonical_json` writes it)."""
-    current = load_registry(SCHEMA_DIR).current  # at import: no codec yet (its implementation is chosen later)
-    return {name: compile_sorted_json(name, current[name].parsed, DELIVERY_FIELDS) for name in EVENT_TYPES}
+    return {name: compile_sorted_json(name, _EVENT_SCHEMAS[name].parsed, DELIVERY_FIELDS) for name in EVENT_TYPES}
 
 
+# The current schemas, read once at import: no codec yet (its implementation is chosen later, schemas/native.py).
+_EVENT_SCHEMAS = load_registry(SCHEMA_DIR).current
 _SORTED_JSON = _sorted_json_writers()
 _blake2b = hashlib.blake2b
 
@@ -76,8 +77,7 @@ def _digest_writers() -> dict:
     the first digest, not at import, so that `settle --implementation` has set the choice by then."""
     global _DIGESTS
     if native.select() == native.COMPILED:
-        current = load_registry(SCHEMA_DIR).current
-        plans = {name: sorted_json_plan(current[name].parsed, DELIVERY_FIELDS) for name in EVENT_TYPES}
+        plans = {name: sorted_json_plan(_EVENT_SCHEMAS[name].parsed, DELIVERY_FIELDS) for name in EVENT_TYPES}
         _DIGESTS = {name: native.module().SortedJsonDigest(plan) if plan is not None else (lambda event: None)
                     for name, plan in plans.items()}
     else:
