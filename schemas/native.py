@@ -20,7 +20,7 @@ COMPILED = "compiled"
 PYTHON = "python"
 AUTO = "auto"
 CHOICES = (AUTO, COMPILED, PYTHON)
-# The plan format codegen.plan builds and native/src/lib.rs reads; a module built from other sources is stale.
+# The plan format codegen._plan and event_json.sorted_json_plan build and native/src/lib.rs reads; a module built from other sources is stale.
 PLAN_VERSION = 1
 
 

@@ -278,16 +278,8 @@ import io, json, sys
 import fastavro
 from branch_settlement.schemas.codec import Codec
 from branch_settlement.schemas.confluent import ConfluentCodec, StaticSchemas, frame, standalone_schemas
+from branch_settlement.schemas.codegen import _varint as varint  # zig-zag, within a long
 from branch_settlement.schemas.errors import CodecError
-
-def varint(value):
-    n = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 codec = Codec(implementation=sys.argv[2])
 tick = codec.encode("Tick", {"event_id": "e", "idempotency_key": "k", "parent_id": "", "occurred_at_ms": 1,
