@@ -20,8 +20,9 @@ COMPILED = "compiled"
 PYTHON = "python"
 AUTO = "auto"
 CHOICES = (AUTO, COMPILED, PYTHON)
-# The plan format codegen._plan and event_json.sorted_json_plan build and native/src/lib.rs reads; a module built from other sources is stale.
-PLAN_VERSION = 1
+# The interface native/src/ offers this package (the plan format codegen._plan and event_json.sorted_json_plan
+# build, and the fold's FoldCore): a module built from other sources is stale.
+PLAN_VERSION = 2
 
 
 @cache

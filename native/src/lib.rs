@@ -14,6 +14,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString, PyTuple, PyType};
 
+mod fold;
+
 // Plan kinds, as codegen.py numbers them.
 const NULL: u8 = 0;
 const BOOLEAN: u8 = 1;
@@ -660,6 +662,8 @@ fn branch_settlement_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Encoder>()?;
     m.add_class::<Decoder>()?;
     m.add_class::<SortedJsonDigest>()?;
-    m.add("PLAN_VERSION", 1)?;
+    m.add_class::<fold::FoldCore>()?;
+    m.add_function(wrap_pyfunction!(fold::murmur2_py, m)?)?;
+    m.add("PLAN_VERSION", 2)?;
     Ok(())
 }

@@ -255,8 +255,8 @@ class AuditedFold(Fold):
     the touched parents' children per event)."""
 
     def __init__(self, view: LedgerView, partition: int = 0, auditor: LedgerAuditor | None = None,
-                 partitions: int | None = None) -> None:
-        super().__init__(view, partition, partitions)
+                 partitions: int | None = None, implementation: str | None = None) -> None:
+        super().__init__(view, partition, partitions, implementation)
         self.auditor = auditor if auditor is not None else LedgerAuditor()
 
     def apply(self, event: dict, offset: int, out: Outputs, ledger_tick: bool = False) -> dict:

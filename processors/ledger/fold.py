@@ -20,19 +20,22 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
+from functools import cache
 
 from branch_settlement.processors.ledger import results
 from branch_settlement.processors.ledger.context import EventContext
 from branch_settlement.processors.ledger.errors import InvariantViolation
+from branch_settlement.processors.ledger import handlers
 from branch_settlement.processors.ledger.handlers import HANDLERS, Reject, fire_timer, rebase_timers
 from branch_settlement.processors.ledger.outputs import Outputs
 from branch_settlement.processors.ledger.validation import validate
-from branch_settlement.projections import model
+from branch_settlement.projections import keys, model
+from branch_settlement.projections import view as ledger_view
 from branch_settlement.projections.view import LedgerView
 from branch_settlement.schemas.codec import EVENT_TYPES, SCHEMA_DIR
 from branch_settlement.schemas.registry import load_registry
 from branch_settlement.schemas.partitioning import partition_of
-from branch_settlement.schemas import native
+from branch_settlement.schemas import limits, native
 from branch_settlement.schemas.event_json import compile_sorted_json, sorted_json_plan
 
 # Fields that describe a delivery, not the settlement: left out of the payload comparison (SPEC §10).
@@ -164,6 +167,29 @@ def describe_children(parent: dict, ctx: EventContext, view: LedgerView) -> str:
             f"children this event changed: {', '.join(changed) or 'none'}")
 
 
+@cache
+def _core_env() -> dict:
+    """What the compiled core is given: the Python functions of its rare paths, and the contract's names and limits
+    (it refuses to start where they differ from those it was written for)."""
+    names = ("RESERVED", "ACTIVATED", "PARTIALLY_CONSUMED", "CANCEL_REQUESTED", "EXPIRED", "RECONCILING", "STRANDED",
+             "COMMITTED", "RELEASED", "PARENT_OPEN", "PARENT_CLOSING", "PARENT_EXPIRED", "PARENT_CLOSED", "PHYSICAL",
+             "LOAN_OPEN", "DESTINATION_PARENT", "DESTINATION_POOL", "TIMER_CHILD_LEASE", "TIMER_PARENT_RETENTION")
+    codes = ("OK", "DUPLICATE", "IDEMPOTENCY_CONFLICT", "OVERDRAWN", "EXCEEDS_AVAILABLE", "FANOUT_EXCEEDED",
+             "INVALID_TRANSITION", "DISPATCH_FENCED", "STALE_LEASE_GENERATION", "SUPERSEDED_ATTEMPT",
+             "UNKNOWN_PARENT", "UNKNOWN_CHILD", "ALREADY_SETTLED", "INVALID_EVENT", "DUPLICATE_USAGE_REPORT",
+             "LIMIT_EXCEEDED")
+    contract = {name: getattr(model, name) for name in names}
+    contract.update({name: getattr(results, name) for name in codes})
+    contract["PARENT_CLOSED_CODE"] = results.PARENT_CLOSED
+    contract.update({name: getattr(limits, name) for name in dir(limits) if name.startswith("MAX_")})
+    contract.update(KEY_SEP=keys.SEP.decode(), KEY_PARENT=keys.PARENT.decode(), KEY_CHILD=keys.CHILD.decode(),
+                    KEY_IDEMPOTENCY=keys.IDEMPOTENCY.decode(), PARENT_RECORD=ledger_view.PARENT_RECORD,
+                    CHILD_RECORD=ledger_view.CHILD_RECORD, IDEMPOTENCY_RECORD=ledger_view.IDEMPOTENCY_RECORD,
+                    NEW_RECORD_BYTES=ledger_view._NEW_RECORD_BYTES)
+    return {"contract": contract, "payload_digest": payload_digest, "closed_detail": handlers._closed_detail,
+            "raise_violation": _raise_violation, "event_context": EventContext}
+
+
 class Fold:
     """Applies events of one input partition to its ledger.
 
@@ -172,10 +198,16 @@ class Fold:
     `tick_not_accepted` (ledger time comes only from the processor's own ticks, folded by `tick`); both change
     nothing. None (a file of events, which has no partitions) folds every parent and the ticks in its lines."""
 
-    def __init__(self, view: LedgerView, partition: int = 0, partitions: int | None = None) -> None:
+    def __init__(self, view: LedgerView, partition: int = 0, partitions: int | None = None,
+                 implementation: str | None = None) -> None:
         self.view = view
         self.partition = partition
         self.partitions = partitions
+        # schemas/native.py: the compiled core (native/src/fold.rs) takes the common events and gives every other
+        # to `_apply`, the Python fold, which is the reference; `python` runs `_apply` alone.
+        self.implementation = native.select(implementation)
+        self._core = (native.module().FoldCore(self, _core_env()) if self.implementation == native.COMPILED
+                      else None)
 
     def tick(self, event: dict, anchor: int, out: Outputs) -> dict:
         """Apply one of the processor's own Tick events, made before input offset `anchor`; as `apply`."""
@@ -183,6 +215,12 @@ class Fold:
 
     def apply(self, event: dict, offset: int, out: Outputs, ledger_tick: bool = False) -> dict:
         """Apply one event; append its outputs to `out`; return its result record."""
+        core = self._core
+        if core is not None:
+            return core.apply(self, event, offset, out, ledger_tick)
+        return self._apply(event, offset, out, ledger_tick)
+
+    def _apply(self, event: dict, offset: int, out: Outputs, ledger_tick: bool = False) -> dict:
         ctx = EventContext(event, self.partition, offset, self.view.meta["ledger_time_ms"], out)
         problem = validate(event)
         if problem is not None:

@@ -213,23 +213,26 @@ class CheckFailure(AssertionError):
     """A sequence broke a rule; the message names it."""
 
 
-def audited_fold(state: State, auditor_snapshot: object | None) -> tuple[MemoryStore, AuditedFold]:
-    """A fold, with its auditor where it was (`auditor_snapshot`), over a fresh store holding `state`."""
+def audited_fold(state: State, auditor_snapshot: object | None,
+                 implementation: str | None = None) -> tuple[MemoryStore, AuditedFold]:
+    """A fold, with its auditor where it was (`auditor_snapshot`), over a fresh store holding `state`; of the
+    implementation schemas/native.py selects unless `implementation` says."""
     store = MemoryStore()
     store.write(state, 0)
     auditor = LedgerAuditor()
     if auditor_snapshot is not None:
         auditor.restore(auditor_snapshot)
-    return store, AuditedFold(LedgerView(store, CODEC.encode, CODEC.decode, _BUDGET), auditor=auditor)
+    view = LedgerView(store, CODEC.encode, CODEC.decode, _BUDGET)
+    return store, AuditedFold(view, auditor=auditor, implementation=implementation)
 
 
 def ledger_state(store: MemoryStore) -> State:
     return tuple(sorted(store._data.items()))
 
 
-def step(node: Node, label: str, event: dict) -> tuple[State, object, bytes]:
+def step(node: Node, label: str, event: dict, implementation: str | None = None) -> tuple[State, object, bytes]:
     """Apply `event` to the node's ledger: (the new state, the auditor's snapshot, the outputs' bytes)."""
-    store, fold = audited_fold(node.state, node.auditor)
+    store, fold = audited_fold(node.state, node.auditor, implementation)
     out = Outputs()
     prior = fold.view.parent(PARENT) if event["type"] == "ChildReserved" else None
     prior = CODEC.decode(CODEC.encode("LedgerParent", prior))[1] if prior is not None and prior["loans"] else None
@@ -292,18 +295,21 @@ def start(name: str = "parent") -> Node:
     return Node(ledger_state(store), fold.auditor.snapshot(), ("tick 0", "reserve-parent", *prefix))
 
 
-def explore(depth: int, deterministic_every: int = 1, report=None, start_name: str = "parent") -> dict:
+def explore(depth: int, deterministic_every: int = 1, report=None, start_name: str = "parent",
+            against: str | None = None) -> dict:
     """Breadth first to `depth` events after the start. Returns the counts; raises CheckFailure.
-    `deterministic_every`: apply every n-th step twice to compare bytes (1: every step)."""
+    `deterministic_every`: apply every n-th step twice to compare bytes (1: every step). `against`: also apply
+    every step with that implementation of the fold (schemas/native.py), which must give the same ledger, the same
+    outputs and the same auditor's view, byte for byte."""
     retention = ledger_model.CLOSED_PARENT_RETENTION_MS
     ledger_model.CLOSED_PARENT_RETENTION_MS = RETENTION_MS
     try:
-        return _explore(depth, deterministic_every, report, start_name)
+        return _explore(depth, deterministic_every, report, start_name, against)
     finally:
         ledger_model.CLOSED_PARENT_RETENTION_MS = retention
 
 
-def _explore(depth: int, deterministic_every: int, report, start_name: str) -> dict:
+def _explore(depth: int, deterministic_every: int, report, start_name: str, against: str | None) -> dict:
     events = UNIVERSES[STARTS[start_name][0]][0]()
     root = start(start_name)
     seen = {root.state}
@@ -322,6 +328,10 @@ def _explore(depth: int, deterministic_every: int, report, start_name: str) -> d
                         again = step(node, label, event)
                         if again[0] != state or again[2] != encoded:
                             raise CheckFailure("the same event on the same ledger gave other bytes")
+                    if against is not None:
+                        other = step(node, label, event, against)
+                        if other[0] != state or other[2] != encoded or other[1] != auditor:
+                            raise CheckFailure(f"the {against} fold gave other bytes")
                 except Exception as failure:
                     path = " -> ".join(node.path + (label,))
                     raise CheckFailure(f"depth {level}: {type(failure).__name__}: {failure}\n"

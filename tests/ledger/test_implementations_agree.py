@@ -6,7 +6,14 @@ Byte for byte and error for error, on every generator we have:
 - whole folds, input decoded from Avro, every output and every ledger record encoded at each checkpoint: the
   realistic workload, the worked example, the borrowing example, the reference model's seeded adversarial
   streams;
-- the fuzz corpus, mutated by hypothesis: the same record or the same dead letter's reason.
+- the fuzz corpus, mutated by hypothesis: the same record or the same dead letter's reason, and for every mutated
+  record that decodes, the same fold of it (result, outputs, ledger);
+- the bounded exhaustive check's sequences, from each of its start states: the same ledger, outputs and auditor's
+  view after every step (tests/ledger/exhaustive.py, `against`).
+
+The compiled fold (native/src/fold.rs, FoldCore) takes the common events itself and gives the others to the Python
+fold: the tests below also prove that it does take them, that it refuses a contract other than its own, and that it
+keeps no fold alive.
 
 tests/ledger/test_fold_perf_equivalence.py also holds each implementation to fastavro.
 The compiled module must be installed here (`make install` builds it): a missing one fails, it is not skipped.
@@ -28,7 +35,11 @@ from branch_settlement.processors.workload import Generator
 from branch_settlement.projections.store import MemoryStore
 from branch_settlement.schemas import EVENT_TYPES, LEDGER_TYPES, OUTPUT_TYPES, CodecError, native
 from branch_settlement.schemas.codec import HEADER_SIZE, Codec
-from tests.ledger.test_fuzz import EDITS, _corpus, mutate
+from branch_settlement.processors.ledger import fold as fold_module
+from branch_settlement.processors.ledger.auditor import AuditedFold
+from branch_settlement.schemas.partitioning import murmur2
+from tests.ledger import exhaustive
+from tests.ledger.test_fuzz import _PREFIX, EDITS, _corpus, mutate, prefix_events
 from tests.ledger.test_reference_model import Stream
 from tests.schemas.test_codec import sample, strategy
 
@@ -242,12 +253,14 @@ def test_the_fold_digests_with_the_selected_implementation(monkeypatch):
 
 # ---- whole folds ----------------------------------------------------------------------------------------------
 
-def fold_bytes(codec: Codec, events: list[dict], checkpoint_events: int = 50) -> list[bytes]:
-    """Every byte a fold with `codec` writes: each input as encoded and decoded again, then at each checkpoint
-    every output record and every ledger change (key and value), in order."""
+def fold_bytes(codec: Codec, events: list[dict], checkpoint_events: int = 50, partition: int = 0,
+               partitions: int | None = None) -> list[bytes]:
+    """Every byte a fold with `codec` (and the fold of the same implementation) writes: each input as encoded and
+    decoded again, then at each checkpoint every output record and every ledger change (key and value), in order.
+    `partitions`: the fold is that of `partition` of a topic of so many (the others' events are misrouted)."""
     inputs = [codec.encode_event(event) for event in events]
     view = open_view(MemoryStore(), codec)
-    fold, out, written = Fold(view), Outputs(), []
+    fold, out, written = Fold(view, partition, partitions, implementation=codec.implementation), Outputs(), []
     for offset, data in enumerate(inputs):
         written.append(data)
         fold.apply(codec.decode_event(data), offset, out)
@@ -255,8 +268,10 @@ def fold_bytes(codec: Codec, events: list[dict], checkpoint_events: int = 50) ->
             for attr, name in OUTPUT_RECORDS:
                 written.extend(codec.encode(name, record) for record in getattr(out, attr))
             out.clear()
-            for key, value in view.changes():
+            changes = view.changes()
+            for key, value in changes:
                 written.extend((key, value or b""))
+            view.store.write(changes, offset)  # the view may evict what it committed: the store has it
             view.mark_committed()
     return written
 
@@ -277,6 +292,14 @@ def example(name: str, codec: Codec) -> list[dict]:
 def test_a_realistic_workload_folds_to_the_same_bytes(compiled, python, seed):
     events = [python.event_from_json(r) for r in Generator(seed).generate(3000) if not isinstance(r, str)]
     assert_folds_alike(compiled, python, events, f"workload seed {seed}")
+
+
+@pytest.mark.parametrize("partition", [0, 2])
+def test_a_fold_of_one_topic_partition_folds_to_the_same_bytes(compiled, python, partition):
+    events = [python.event_from_json(r) for r in Generator(42).generate(3000) if not isinstance(r, str)]
+    want = fold_bytes(python, events, partition=partition, partitions=3)
+    assert fold_bytes(compiled, events, partition=partition, partitions=3) == want
+    assert b"misrouted" in b"".join(want) and b"tick_not_accepted" in b"".join(want)
 
 
 @pytest.mark.parametrize("name", ["worked-example.jsonl", "borrowing.jsonl"])
@@ -305,3 +328,77 @@ def decode_outcome_of(decode, codec, data):
         return repr(decode(codec, data))
     except CodecError as exc:
         return f"CodecError: {exc}"
+
+
+# ---- the compiled fold ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("start", sorted(exhaustive.STARTS))
+def test_the_exhaustive_sequences_fold_alike(compiled, start):
+    depth = {"parent": 4, "running": 3, "lending": 5}[start]
+    counts = exhaustive.explore(depth, deterministic_every=10**9, start_name=start, against=native.PYTHON)
+    assert counts["steps"] > 3000
+
+
+def fold_from_prefix(event: dict, implementation: str) -> list:
+    """The fuzz test's prefix ledger, then `event`: its result, every output and every ledger change, encoded."""
+    store = MemoryStore()
+    store.write(_PREFIX[0], 0)
+    view = open_view(store, Codec(implementation=native.PYTHON))
+    fold, out = AuditedFold(view, implementation=implementation), Outputs()
+    fold.auditor.restore(_PREFIX[1])
+    result = fold.apply(event, len(prefix_events()), out)
+    written = [result]
+    for attr, name in OUTPUT_RECORDS:
+        written.extend(getattr(out, attr))
+    return written + view.changes()
+
+
+@settings(max_examples=400, deadline=None)
+@given(line=st.sampled_from(_corpus("avro.txt")), edits=EDITS)
+def test_mutated_corpus_records_fold_alike(compiled, python, line, edits):
+    try:
+        event = python.decode_event(mutate(bytes.fromhex(line), edits))
+    except CodecError:
+        return  # a dead letter, the same one (test_mutated_corpus_records_decode_alike)
+    assert fold_from_prefix(event, native.COMPILED) == fold_from_prefix(event, native.PYTHON)
+
+
+def test_the_compiled_fold_takes_the_common_events_itself(compiled, python, monkeypatch):
+    delegated = []
+    python_apply = Fold._apply
+    monkeypatch.setattr(Fold, "_apply", lambda self, event, *args: delegated.append(event["type"]) or
+                        python_apply(self, event, *args))
+    events = [python.event_from_json(r) for r in Generator(7).generate(3000) if not isinstance(r, str)]
+    fold_bytes(compiled, events)
+    compiled_types = {"ChildReserved", "ChildActivated", "UsageReported", "ChildCompleted"}
+    taken = sum(event["type"] in compiled_types for event in events) - sum(t in compiled_types for t in delegated)
+    assert taken > 0.85 * len(events), (taken, len(events))
+    assert "Tick" in delegated and "ParentReserved" in delegated  # the rest goes to the Python fold
+
+
+def test_a_compiled_fold_built_for_another_contract_refuses_to_start(compiled):
+    env = dict(fold_module._core_env())
+    env["contract"] = dict(env["contract"], MAX_QUANTITY=2**40)
+    view = open_view(MemoryStore(), compiled)
+    with pytest.raises(ValueError, match="built for another contract: MAX_QUANTITY is Some.*rebuild it"):
+        native.module().FoldCore(Fold(view, implementation=native.PYTHON), env)
+
+
+def test_a_compiled_fold_and_its_view_are_freed_without_the_collector(compiled):
+    import gc
+    import weakref
+    gc.disable()
+    try:
+        view = open_view(MemoryStore(), compiled)
+        fold = Fold(view, implementation=native.COMPILED)
+        fold.apply(example("worked-example.jsonl", compiled)[0], 0, Outputs())
+        gone = weakref.ref(view)
+        del fold, view
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
+@given(data=st.binary(max_size=64))
+def test_the_compiled_murmur2_is_kafkas(compiled, data):
+    assert native.module().murmur2(data) == murmur2(data)

@@ -1,0 +1,1328 @@
+//! The fold's per-event path, compiled: `FoldCore.apply` does what `Fold._apply` (processors/ledger/fold.py) does
+//! for the events that make up almost every stream (ChildReserved, ChildActivated, UsageReported, ChildCompleted),
+//! over the same records (the LedgerView's dicts) and through the same view, so the state, the checkpoint and the
+//! changelog are those of the Python fold. Every other event, a Tick, an event the quick validation does not pass,
+//! an event of another partition, and the rare branches of these four handlers (a reservation that would recall
+//! loans) go to `Fold._apply` before anything has changed: the Python fold stays the reference, and the two are
+//! held to the same bytes by tests/ledger/test_implementations_agree.py and the whole suite, which runs compiled.
+//!
+//! Each step below names the Python function it mirrors (processors/ledger/handlers.py, accounting.py, fold.py,
+//! context.py, validation.py). The contract's names and limits are not defined here: `FoldCore` is given them by
+//! fold.py and refuses to start if they differ from the ones this code was written for.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString};
+
+// Child states (projections/model.py).
+const RESERVED: &str = "reserved";
+const ACTIVATED: &str = "activated";
+const PARTIALLY_CONSUMED: &str = "partially_consumed";
+const CANCEL_REQUESTED: &str = "cancel_requested";
+const EXPIRED: &str = "expired";
+const RECONCILING: &str = "reconciling";
+const STRANDED: &str = "stranded";
+const COMMITTED: &str = "committed";
+const RELEASED: &str = "released";
+// Parent status.
+const PARENT_OPEN: &str = "open";
+const PARENT_CLOSING: &str = "closing";
+const PARENT_EXPIRED: &str = "expired";
+const PARENT_CLOSED: &str = "closed";
+const PHYSICAL: &str = "physical";
+const LOAN_OPEN: &str = "open";
+const DESTINATION_PARENT: &str = "parent";
+const DESTINATION_POOL: &str = "global_pool";
+const TIMER_CHILD_LEASE: &str = "child_lease";
+const TIMER_PARENT_RETENTION: &str = "parent_retention";
+
+// Result codes (processors/ledger/results.py).
+const OK: &str = "ok";
+const DUPLICATE: &str = "duplicate";
+const IDEMPOTENCY_CONFLICT: &str = "idempotency_conflict";
+const OVERDRAWN: &str = "overdrawn";
+const EXCEEDS_AVAILABLE: &str = "exceeds_available";
+const FANOUT_EXCEEDED: &str = "fanout_exceeded";
+const INVALID_TRANSITION: &str = "invalid_transition";
+const DISPATCH_FENCED: &str = "dispatch_fenced";
+const STALE_LEASE_GENERATION: &str = "stale_lease_generation";
+const SUPERSEDED_ATTEMPT: &str = "superseded_attempt";
+const UNKNOWN_PARENT: &str = "unknown_parent";
+const UNKNOWN_CHILD: &str = "unknown_child";
+const PARENT_CLOSED_CODE: &str = "parent_closed";
+const ALREADY_SETTLED: &str = "already_settled";
+const INVALID_EVENT: &str = "invalid_event";
+const DUPLICATE_USAGE_REPORT: &str = "duplicate_usage_report";
+const LIMIT_EXCEEDED: &str = "limit_exceeded";
+
+// Limits (schemas/limits.py).
+const MAX_ID_BYTES: usize = 200;
+const MAX_KEY_BYTES: usize = 1024;
+const MAX_DIMENSIONS: usize = 32;
+const MAX_QUANTITY: i64 = 1 << 50;
+const MAX_TTL_MS: i64 = 1 << 42;
+const MAX_LEASE_GENERATION: i64 = 1 << 31;
+const MAX_CHILDREN_PER_PARENT: usize = 1024;
+const MAX_USAGE_REPORTS_PER_ATTEMPT: usize = 1024;
+const MAX_BALANCE: i64 = 1 << 62;
+
+// The LedgerView's keys (projections/keys.py), record names and estimate of a new record (projections/view.py).
+const KEY_SEP: &str = "\0";
+const KEY_PARENT: &str = "p";
+const KEY_CHILD: &str = "c";
+const KEY_IDEMPOTENCY: &str = "i";
+const PARENT_RECORD: &str = "LedgerParent";
+const CHILD_RECORD: &str = "LedgerChild";
+const IDEMPOTENCY_RECORD: &str = "IdempotencyRecord";
+const NEW_RECORD_BYTES: i64 = 1024;
+
+/// What fold.py checks at start: each of its names and limits, as this code has them.
+const CONTRACT: &[(&str, Value)] = &[
+    ("RESERVED", Value::S(RESERVED)), ("ACTIVATED", Value::S(ACTIVATED)),
+    ("PARTIALLY_CONSUMED", Value::S(PARTIALLY_CONSUMED)), ("CANCEL_REQUESTED", Value::S(CANCEL_REQUESTED)),
+    ("EXPIRED", Value::S(EXPIRED)), ("RECONCILING", Value::S(RECONCILING)), ("STRANDED", Value::S(STRANDED)),
+    ("COMMITTED", Value::S(COMMITTED)), ("RELEASED", Value::S(RELEASED)), ("PARENT_OPEN", Value::S(PARENT_OPEN)),
+    ("PARENT_CLOSING", Value::S(PARENT_CLOSING)), ("PARENT_EXPIRED", Value::S(PARENT_EXPIRED)),
+    ("PARENT_CLOSED", Value::S(PARENT_CLOSED)), ("PHYSICAL", Value::S(PHYSICAL)), ("LOAN_OPEN", Value::S(LOAN_OPEN)),
+    ("DESTINATION_PARENT", Value::S(DESTINATION_PARENT)), ("DESTINATION_POOL", Value::S(DESTINATION_POOL)),
+    ("TIMER_CHILD_LEASE", Value::S(TIMER_CHILD_LEASE)), ("TIMER_PARENT_RETENTION", Value::S(TIMER_PARENT_RETENTION)),
+    ("OK", Value::S(OK)), ("DUPLICATE", Value::S(DUPLICATE)), ("IDEMPOTENCY_CONFLICT", Value::S(IDEMPOTENCY_CONFLICT)),
+    ("OVERDRAWN", Value::S(OVERDRAWN)), ("EXCEEDS_AVAILABLE", Value::S(EXCEEDS_AVAILABLE)),
+    ("FANOUT_EXCEEDED", Value::S(FANOUT_EXCEEDED)), ("INVALID_TRANSITION", Value::S(INVALID_TRANSITION)),
+    ("DISPATCH_FENCED", Value::S(DISPATCH_FENCED)), ("STALE_LEASE_GENERATION", Value::S(STALE_LEASE_GENERATION)),
+    ("SUPERSEDED_ATTEMPT", Value::S(SUPERSEDED_ATTEMPT)), ("UNKNOWN_PARENT", Value::S(UNKNOWN_PARENT)),
+    ("UNKNOWN_CHILD", Value::S(UNKNOWN_CHILD)), ("PARENT_CLOSED_CODE", Value::S(PARENT_CLOSED_CODE)),
+    ("ALREADY_SETTLED", Value::S(ALREADY_SETTLED)), ("INVALID_EVENT", Value::S(INVALID_EVENT)),
+    ("DUPLICATE_USAGE_REPORT", Value::S(DUPLICATE_USAGE_REPORT)), ("LIMIT_EXCEEDED", Value::S(LIMIT_EXCEEDED)),
+    ("MAX_ID_BYTES", Value::I(MAX_ID_BYTES as i64)), ("MAX_KEY_BYTES", Value::I(MAX_KEY_BYTES as i64)),
+    ("MAX_DIMENSIONS", Value::I(MAX_DIMENSIONS as i64)), ("MAX_QUANTITY", Value::I(MAX_QUANTITY)),
+    ("MAX_TTL_MS", Value::I(MAX_TTL_MS)), ("MAX_LEASE_GENERATION", Value::I(MAX_LEASE_GENERATION)),
+    ("MAX_CHILDREN_PER_PARENT", Value::I(MAX_CHILDREN_PER_PARENT as i64)),
+    ("MAX_USAGE_REPORTS_PER_ATTEMPT", Value::I(MAX_USAGE_REPORTS_PER_ATTEMPT as i64)),
+    ("MAX_BALANCE", Value::I(MAX_BALANCE)),
+    ("KEY_SEP", Value::S(KEY_SEP)), ("KEY_PARENT", Value::S(KEY_PARENT)), ("KEY_CHILD", Value::S(KEY_CHILD)),
+    ("KEY_IDEMPOTENCY", Value::S(KEY_IDEMPOTENCY)), ("PARENT_RECORD", Value::S(PARENT_RECORD)),
+    ("CHILD_RECORD", Value::S(CHILD_RECORD)), ("IDEMPOTENCY_RECORD", Value::S(IDEMPOTENCY_RECORD)),
+    ("NEW_RECORD_BYTES", Value::I(NEW_RECORD_BYTES)),
+];
+
+enum Value {
+    S(&'static str),
+    I(i64),
+}
+
+/// The event types compiled here; every other goes to `Fold._apply`.
+const COMPILED_TYPES: &[&str] = &["ChildReserved", "ChildActivated", "UsageReported", "ChildCompleted"];
+
+fn holding_term(state: &str) -> Option<&'static str> {
+    match state {
+        RESERVED | ACTIVATED | PARTIALLY_CONSUMED | CANCEL_REQUESTED => Some("outstanding"),
+        EXPIRED | RECONCILING | STRANDED => Some("pending"),
+        _ => None,
+    }
+}
+
+fn is_live(state: &str) -> bool {
+    matches!(state, RESERVED | ACTIVATED | PARTIALLY_CONSUMED | CANCEL_REQUESTED)
+}
+
+fn is_pending(state: &str) -> bool {
+    matches!(state, EXPIRED | RECONCILING | STRANDED)
+}
+
+fn is_settled(state: &str) -> bool {
+    matches!(state, COMMITTED | RELEASED)
+}
+
+/// Why an event did not apply: a result code and its detail (handlers.Reject), `Delegate` (give the event to the
+/// Python fold, before anything changed), or a Python error (which stops the partition, as in the Python fold).
+enum Fail {
+    Reject(&'static str, String),
+    Delegate,
+    Py(PyErr),
+}
+
+impl From<PyErr> for Fail {
+    fn from(err: PyErr) -> Self {
+        Fail::Py(err)
+    }
+}
+
+type Step<T> = Result<T, Fail>;
+
+fn reject<T>(code: &'static str, detail: String) -> Step<T> {
+    Err(Fail::Reject(code, detail))
+}
+
+// -- dict access ----------------------------------------------------------------------------------------------
+
+/// A new dict with room for `size` items, as Python makes for a dict display (no resize while it is filled).
+fn presized(py: Python<'_>, size: isize) -> PyResult<Bound<'_, PyDict>> {
+    // SAFETY: _PyDict_NewPresized returns a new reference to a dict, or NULL with an exception set.
+    unsafe { Ok(Bound::from_owned_ptr_or_err(py, pyo3::ffi::_PyDict_NewPresized(size))?.downcast_into_unchecked()) }
+}
+
+/// The interned name of a balance term.
+fn term_name<'py>(py: Python<'py>, term: &str) -> &'py Bound<'py, PyString> {
+    match term {
+        "outstanding" => intern!(py, "outstanding"),
+        "pending" => intern!(py, "pending"),
+        "available" => intern!(py, "available"),
+        "returned_to_pool" => intern!(py, "returned_to_pool"),
+        _ => unreachable!("not a term the fold moves: {term}"),
+    }
+}
+
+fn item<'py>(dict: &Bound<'py, PyDict>, key: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
+    match dict.get_item(key)? {
+        Some(value) => Ok(value),
+        None => Err(pyo3::exceptions::PyKeyError::new_err(key.clone().unbind())),
+    }
+}
+
+fn int<'py>(dict: &Bound<'py, PyDict>, key: &Bound<'py, PyString>) -> PyResult<i64> {
+    item(dict, key)?.extract()
+}
+
+fn sub_dict<'py>(dict: &Bound<'py, PyDict>, key: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyDict>> {
+    Ok(item(dict, key)?.downcast_into::<PyDict>()?)
+}
+
+fn text(value: &Bound<'_, PyAny>) -> PyResult<String> {
+    Ok(value.str()?.to_str()?.to_owned())
+}
+
+fn repr(value: &Bound<'_, PyAny>) -> PyResult<String> {
+    Ok(value.repr()?.to_str()?.to_owned())
+}
+
+/// `dict[key] += delta`.
+fn add<'py>(dict: &Bound<'py, PyDict>, key: &Bound<'py, PyString>, delta: i64) -> PyResult<()> {
+    dict.set_item(key, int(dict, key)? + delta)
+}
+
+fn state_of<'py>(child: &Bound<'py, PyDict>) -> PyResult<Bound<'py, PyString>> {
+    Ok(item(child, intern!(child.py(), "state"))?.downcast_into::<PyString>()?)
+}
+
+/// model.remainder: reserved but not consumed, never negative.
+fn remainder(child: &Bound<'_, PyDict>, dim: &Bound<'_, PyAny>) -> PyResult<i64> {
+    let py = child.py();
+    let reserved: i64 = match sub_dict(child, intern!(py, "reserved"))?.get_item(dim)? {
+        Some(q) => q.extract()?,
+        None => 0,
+    };
+    let consumed: i64 = match sub_dict(child, intern!(py, "consumed"))?.get_item(dim)? {
+        Some(q) => q.extract()?,
+        None => 0,
+    };
+    Ok((reserved - consumed).max(0))
+}
+
+// -- quick validation (validation._plainly_valid) ------------------------------------------------------------
+
+fn plain_id(value: &Bound<'_, PyAny>, limit: usize) -> bool {
+    if !value.is_exact_instance_of::<PyString>() {
+        return false;
+    }
+    match value.downcast::<PyString>().map(|s| s.to_str()) {
+        Ok(Ok(s)) => !s.is_empty() && s.len() <= limit && s.is_ascii() && !s.contains('\0'),
+        _ => false,
+    }
+}
+
+fn id_fields(etype: &str) -> &'static [&'static str] {
+    match etype {
+        "ChildReserved" => &["child_id", "branch_id", "attempt_id"],
+        "UsageReported" => &["child_id", "attempt_id", "usage_report_id"],
+        _ => &["child_id", "attempt_id"],
+    }
+}
+
+/// True only where `validation.validate` finds nothing; false means: let the Python fold decide.
+fn plainly_valid(event: &Bound<'_, PyDict>, etype: &str) -> PyResult<bool> {
+    let py = event.py();
+    for field in ["event_id", "parent_id"].iter().chain(id_fields(etype)) {
+        match event.get_item(*field)? {
+            Some(value) if plain_id(&value, MAX_ID_BYTES) => {}
+            _ => return Ok(false),
+        }
+    }
+    let key = match event.get_item(intern!(py, "idempotency_key"))? {
+        Some(key) if plain_id(&key, MAX_KEY_BYTES) => key,
+        _ => return Ok(false),
+    };
+    if key.downcast::<PyString>()?.to_str()?.contains("/loan/") {
+        return Ok(false);
+    }
+    for field in [intern!(py, "quantities"), intern!(py, "usage")] {
+        let Some(quantities) = event.get_item(field)? else { continue };
+        if !quantities.is_truthy()? {
+            continue;
+        }
+        let Ok(quantities) = quantities.downcast::<PyDict>() else { return Ok(false) };
+        if quantities.len() > MAX_DIMENSIONS {
+            return Ok(false);
+        }
+        for (dim, quantity) in quantities.iter() {
+            if !plain_id(&dim, MAX_ID_BYTES) || !quantity.is_exact_instance_of::<PyInt>() {
+                return Ok(false);
+            }
+            match quantity.extract::<i64>() {
+                Ok(q) if (0..=MAX_QUANTITY).contains(&q) => {}
+                _ => return Ok(false),
+            }
+        }
+    }
+    if let Some(ttl) = event.get_item(intern!(py, "lease_ttl_ms"))? {
+        match ttl.extract::<i64>() {
+            Ok(t) if t > 0 && t <= MAX_TTL_MS => {}
+            _ => return Ok(false),
+        }
+    }
+    if let Some(generation) = event.get_item(intern!(py, "lease_generation"))? {
+        match generation.extract::<i64>() {
+            Ok(g) if (0..=MAX_LEASE_GENERATION).contains(&g) => {}
+            _ => return Ok(false),
+        }
+    }
+    if etype == "ChildReserved" {
+        return match event.get_item(intern!(py, "quantities"))? {
+            Some(q) => q.is_truthy(),
+            None => Ok(false),
+        };
+    }
+    Ok(true)
+}
+
+/// Kafka's murmur2 (schemas/partitioning.py), bit for bit.
+pub fn murmur2(data: &[u8]) -> u32 {
+    const SEED: u32 = 0x9747_B28C;
+    const M: u32 = 0x5BD1_E995;
+    let length = data.len();
+    let mut h = SEED ^ (length as u32);
+    let end = length & !3;
+    for i in (0..end).step_by(4) {
+        let mut k = u32::from_le_bytes([data[i], data[i + 1], data[i + 2], data[i + 3]]).wrapping_mul(M);
+        k ^= k >> 24;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M) ^ k;
+    }
+    let tail = length & 3;
+    if tail == 3 {
+        h ^= (data[end + 2] as u32) << 16;
+    }
+    if tail >= 2 {
+        h ^= (data[end + 1] as u32) << 8;
+    }
+    if tail >= 1 {
+        h ^= data[end] as u32;
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h
+}
+
+// -- the event being applied (context.EventContext) ----------------------------------------------------------
+
+struct Ctx<'py> {
+    py: Python<'py>,
+    view: Bound<'py, PyAny>,
+    cache: Bound<'py, PyDict>,
+    dirty: Bound<'py, PyDict>,
+    event: Bound<'py, PyDict>,
+    etype: Bound<'py, PyAny>,
+    event_id: Bound<'py, PyAny>,
+    key: Bound<'py, PyAny>,
+    partition: Bound<'py, PyAny>,
+    offset: Bound<'py, PyAny>,
+    now_ms: i64,
+    audits: Bound<'py, PyList>,
+    releases: Bound<'py, PyList>,
+    settled: Bound<'py, PyList>,
+    touched: Vec<(Bound<'py, PyAny>, Bound<'py, PyDict>)>,
+    touched_children: Vec<Bound<'py, PyDict>>,
+    overdrawn: bool,
+}
+
+impl<'py> Ctx<'py> {
+    fn field(&self, name: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
+        item(&self.event, name)
+    }
+
+    /// context.EventContext.audit
+    #[allow(clippy::too_many_arguments)]
+    fn audit(&self, parent_id: &Bound<'py, PyAny>, child: Option<&Bound<'py, PyDict>>, prior_state: &str,
+             new_state: &str, note: &str, dimension: Option<&Bound<'py, PyAny>>, quantity: Option<i64>)
+             -> PyResult<()> {
+        let py = self.py;
+        let record = presized(py, 15)?;
+        record.set_item(intern!(py, "parent_id"), parent_id)?;
+        match child {
+            Some(child) => {
+                record.set_item(intern!(py, "child_id"), item(child, intern!(py, "child_id"))?)?;
+                record.set_item(intern!(py, "attempt_id"), item(child, intern!(py, "attempt_id"))?)?;
+            }
+            None => {
+                record.set_item(intern!(py, "child_id"), intern!(py, ""))?;
+                record.set_item(intern!(py, "attempt_id"), intern!(py, ""))?;
+            }
+        }
+        record.set_item(intern!(py, "dimension"), dimension)?;
+        record.set_item(intern!(py, "quantity"), quantity)?;
+        record.set_item(intern!(py, "prior_state"), prior_state)?;
+        record.set_item(intern!(py, "new_state"), new_state)?;
+        record.set_item(intern!(py, "idempotency_key"), &self.key)?;
+        match child {
+            Some(child) => record.set_item(intern!(py, "lease_generation"),
+                                           item(child, intern!(py, "lease_generation"))?)?,
+            None => record.set_item(intern!(py, "lease_generation"), 0)?,
+        }
+        record.set_item(intern!(py, "triggering_event_id"), &self.event_id)?;
+        record.set_item(intern!(py, "event_type"), &self.etype)?;
+        record.set_item(intern!(py, "input_partition"), &self.partition)?;
+        record.set_item(intern!(py, "input_offset"), &self.offset)?;
+        record.set_item(intern!(py, "ledger_time_ms"), self.now_ms)?;
+        record.set_item(intern!(py, "note"), note)?;
+        self.audits.append(record)
+    }
+
+    /// context.EventContext.release
+    fn release(&self, parent: &Bound<'py, PyDict>, child: &Bound<'py, PyDict>, dimension: &Bound<'py, PyAny>,
+               quantity: i64, destination: &str, reason: &str) -> PyResult<()> {
+        let py = self.py;
+        let parent_id = item(parent, intern!(py, "parent_id"))?;
+        let child_id = item(child, intern!(py, "child_id"))?;
+        let key = release_key(&parent_id, &self.key, &child_id, dimension, destination)?;
+        let balance = sub_dict(&sub_dict(parent, intern!(py, "dimensions"))?, dimension.downcast()?)?;
+        let record = presized(py, 14)?;
+        record.set_item(intern!(py, "release_key"), key)?;
+        record.set_item(intern!(py, "parent_id"), &parent_id)?;
+        record.set_item(intern!(py, "child_id"), &child_id)?;
+        record.set_item(intern!(py, "attempt_id"), item(child, intern!(py, "attempt_id"))?)?;
+        record.set_item(intern!(py, "dimension"), dimension)?;
+        record.set_item(intern!(py, "quantity"), quantity)?;
+        record.set_item(intern!(py, "destination"), destination)?;
+        record.set_item(intern!(py, "reason"), reason)?;
+        record.set_item(intern!(py, "idempotency_key"), &self.key)?;
+        record.set_item(intern!(py, "triggering_event_id"), &self.event_id)?;
+        record.set_item(intern!(py, "balance"), balance.copy()?)?;
+        record.set_item(intern!(py, "input_partition"), &self.partition)?;
+        record.set_item(intern!(py, "input_offset"), &self.offset)?;
+        record.set_item(intern!(py, "ledger_time_ms"), self.now_ms)?;
+        self.releases.append(record)
+    }
+
+    // -- the view ---------------------------------------------------------------------------------------------
+
+    /// LedgerView._get: a record the view has cached is read from its cache here; any other, by the view.
+    fn get(&self, key: Vec<u8>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let key = PyBytes::new(self.py, &key);
+        let found = match self.cache.get_item(&key)? {
+            Some(found) => found,
+            None => self.view.call_method1(intern!(self.py, "_get"), (key,))?,
+        };
+        Ok(if found.is_none() { None } else { Some(found.downcast_into()?) })
+    }
+
+    /// LedgerView._put
+    fn put(&self, key: Vec<u8>, name: &Bound<'py, PyString>, record: &Bound<'py, PyDict>) -> PyResult<()> {
+        let key = PyBytes::new(self.py, &key);
+        let cached = self.cache.get_item(&key)?;
+        if !cached.is_some_and(|cached| cached.is(record)) {
+            self.cache.set_item(&key, record)?;
+            self.view.call_method1(intern!(self.py, "_charge"), (&key, NEW_RECORD_BYTES))?;
+        }
+        self.dirty.set_item(key, (name, record))
+    }
+
+    fn parent(&self, parent_id: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.get(record_key(KEY_PARENT, &[parent_id])?)
+    }
+
+    fn child(&self, parent_id: &Bound<'py, PyAny>, child_id: &Bound<'py, PyAny>)
+             -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.get(record_key(KEY_CHILD, &[parent_id, child_id])?)
+    }
+
+    fn idempotency(&self, parent_id: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.get(record_key(KEY_IDEMPOTENCY, &[parent_id, &self.key])?)
+    }
+
+    fn put_idempotency(&self, parent_id: &Bound<'py, PyAny>, record: &Bound<'py, PyDict>) -> PyResult<()> {
+        self.put(record_key(KEY_IDEMPOTENCY, &[parent_id, &self.key])?, intern!(self.py, IDEMPOTENCY_RECORD), record)
+    }
+
+    fn add_timer(&self, deadline_ms: i64, kind: &str, parent_id: &Bound<'py, PyAny>,
+                 child_id: Option<&Bound<'py, PyAny>>) -> PyResult<()> {
+        match child_id {
+            Some(child_id) => self.view.call_method1(intern!(self.py, "add_timer"),
+                                                     (deadline_ms, kind, parent_id, child_id))?,
+            None => self.view.call_method1(intern!(self.py, "add_timer"), (deadline_ms, kind, parent_id))?,
+        };
+        Ok(())
+    }
+
+    /// accounting.touch
+    fn touch(&mut self, parent: &Bound<'py, PyDict>, child: Option<&Bound<'py, PyDict>>) -> PyResult<()> {
+        let py = self.py;
+        let parent_id = item(parent, intern!(py, "parent_id"))?;
+        let mut found = None;
+        for (index, (id, _)) in self.touched.iter().enumerate() {
+            if id.eq(&parent_id)? {
+                found = Some(index);
+                break;
+            }
+        }
+        let put = match found {
+            Some(index) if self.touched[index].1.is(parent) => false,
+            Some(index) => {
+                self.touched[index].1 = parent.clone();
+                true
+            }
+            None => {
+                self.touched.push((parent_id, parent.clone()));
+                true
+            }
+        };
+        if put {
+            let key = record_key(KEY_PARENT, &[&item(parent, intern!(py, "parent_id"))?])?;
+            self.put(key, intern!(py, PARENT_RECORD), parent)?;
+        }
+        if let Some(child) = child {
+            if !self.touched_children.iter().any(|c| c.is(child)) {
+                self.touched_children.push(child.clone());
+                let key = record_key(KEY_CHILD, &[&item(child, intern!(py, "parent_id"))?,
+                                                  &item(child, intern!(py, "child_id"))?])?;
+                self.put(key, intern!(py, CHILD_RECORD), child)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// keys.parent_key, child_key, idempotency_key: the kind's letter, then each part after a NUL.
+fn record_key(kind: &str, parts: &[&Bound<'_, PyAny>]) -> PyResult<Vec<u8>> {
+    let mut key = Vec::with_capacity(64);
+    key.extend_from_slice(kind.as_bytes());
+    for part in parts {
+        key.extend_from_slice(KEY_SEP.as_bytes());
+        key.extend_from_slice(part.downcast::<PyString>()?.to_str()?.as_bytes());
+    }
+    Ok(key)
+}
+
+fn key_part(value: &str) -> String {
+    let part = value.replace('%', "%25").replace('/', "%2F");
+    if part == "-" { "%2D".to_owned() } else { part }
+}
+
+/// context.release_key
+fn release_key(parent_id: &Bound<'_, PyAny>, key: &Bound<'_, PyAny>, child_id: &Bound<'_, PyAny>,
+               dimension: &Bound<'_, PyAny>, destination: &str) -> PyResult<String> {
+    let child_id = child_id.downcast::<PyString>()?.to_str()?;
+    let child = if child_id.is_empty() { "-".to_owned() } else { key_part(child_id) };
+    Ok(format!("{}/{}/{}/{}/{}", key_part(parent_id.downcast::<PyString>()?.to_str()?),
+               key.downcast::<PyString>()?.to_str()?, child,
+               key_part(dimension.downcast::<PyString>()?.to_str()?), destination))
+}
+
+// -- accounting.py ----------------------------------------------------------------------------------------------
+
+/// accounting.set_state
+fn set_state<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound<'py, PyDict>, new_state: &str,
+                  note: &str) -> PyResult<()> {
+    let py = ctx.py;
+    let old_state = state_of(child)?;
+    let old_state = old_state.to_str()?;
+    let old_term = holding_term(&old_state);
+    let new_term = holding_term(new_state);
+    if let (Some(old_term), Some(new_term)) = (old_term, new_term) {
+        if old_term != new_term {
+            let dims = sub_dict(parent, intern!(py, "dimensions"))?;
+            for dim in sub_dict(child, intern!(py, "reserved"))?.keys() {
+                let quantity = remainder(child, &dim)?;
+                if quantity != 0 {
+                    let balance = sub_dict(&dims, dim.downcast()?)?;
+                    add(&balance, &term_name(py, old_term), -quantity)?;
+                    add(&balance, &term_name(py, new_term), quantity)?;
+                }
+            }
+        }
+    }
+    let (was_live, now_live) = (is_live(&old_state), is_live(new_state));
+    if was_live && !now_live {
+        add(parent, intern!(py, "live_children"), -1)?;
+    } else if now_live && !was_live {
+        add(parent, intern!(py, "live_children"), 1)?;
+    }
+    if is_settled(new_state) && !is_settled(&old_state) {
+        add(parent, intern!(py, "open_children"), -1)?;
+    }
+    child.set_item(intern!(py, "state"), new_state)?;
+    let parent_id = item(parent, intern!(py, "parent_id"))?;
+    ctx.audit(&parent_id, Some(child), &old_state, new_state, note, None, None)?;
+    ctx.touch(parent, Some(child))
+}
+
+/// accounting.draw_overrun
+fn draw_overrun(ctx: &mut Ctx<'_>, balance: &Bound<'_, PyDict>, excess: i64) -> PyResult<String> {
+    let py = ctx.py;
+    let available = int(balance, intern!(py, "available"))?;
+    let drawn = excess.min(available);
+    balance.set_item(intern!(py, "available"), available - drawn)?;
+    add(balance, intern!(py, "overdrawn"), excess - drawn)?;
+    if excess - drawn != 0 {
+        ctx.overdrawn = true;
+        return Ok(format!("overrun of {excess}: {drawn} drawn from available, {} overdrawn", excess - drawn));
+    }
+    Ok(format!("overrun of {excess} drawn from available"))
+}
+
+fn sorted_keys<'py>(dict: &Bound<'py, PyDict>) -> PyResult<Vec<(String, Bound<'py, PyAny>)>> {
+    let mut keys = Vec::with_capacity(dict.len());
+    for key in dict.keys() {
+        keys.push((key.downcast::<PyString>()?.to_str()?.to_owned(), key));
+    }
+    keys.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(keys)
+}
+
+/// accounting.commit_usage
+fn commit_usage<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound<'py, PyDict>,
+                     delta: &Bound<'py, PyDict>) -> PyResult<()> {
+    let py = ctx.py;
+    let state = state_of(child)?;
+    let term = holding_term(state.to_str()?);
+    let dims = sub_dict(parent, intern!(py, "dimensions"))?;
+    let consumed = sub_dict(child, intern!(py, "consumed"))?;
+    let parent_id = item(parent, intern!(py, "parent_id"))?;
+    for (_, dim) in sorted_keys(delta)? {
+        let quantity: i64 = delta.get_item(&dim)?.expect("a key of the dict").extract()?;
+        if quantity <= 0 {
+            continue;
+        }
+        let balance = sub_dict(&dims, dim.downcast()?)?;
+        let within = match term {
+            Some(_) => quantity.min(remainder(child, &dim)?),
+            None => 0,
+        };
+        let excess = quantity - within;
+        if within != 0 {
+            add(&balance, term_name(py, term.expect("within is 0 without a term")), -within)?;
+        }
+        add(&balance, intern!(py, "committed"), quantity)?;
+        let note = if excess != 0 { draw_overrun(ctx, &balance, excess)? } else { "usage committed".to_owned() };
+        let already: i64 = match consumed.get_item(&dim)? {
+            Some(q) => q.extract()?,
+            None => 0,
+        };
+        consumed.set_item(&dim, already + quantity)?;
+        let state = state_of(child)?;
+    let state = state.to_str()?;
+        ctx.audit(&parent_id, Some(child), &state, &state, &note, Some(&dim), Some(quantity))?;
+    }
+    ctx.touch(parent, Some(child))
+}
+
+/// accounting.destination: (where, the term it goes to)
+fn destination(parent: &Bound<'_, PyDict>) -> PyResult<(&'static str, &'static str)> {
+    let status = item(parent, intern!(parent.py(), "status"))?;
+    Ok(if status.downcast::<PyString>()?.to_str()? == PARENT_OPEN {
+        (DESTINATION_PARENT, "available")
+    } else {
+        (DESTINATION_POOL, "returned_to_pool")
+    })
+}
+
+/// accounting.release_remainder
+fn release_remainder<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound<'py, PyDict>,
+                          reason: &str) -> PyResult<bool> {
+    let py = ctx.py;
+    let state = state_of(child)?;
+    let state = state.to_str()?;
+    let term = holding_term(&state);
+    let dims = sub_dict(parent, intern!(py, "dimensions"))?;
+    let parent_id = item(parent, intern!(py, "parent_id"))?;
+    let mut returned = false;
+    for dim in sub_dict(child, intern!(py, "reserved"))?.keys() {
+        let quantity = remainder(child, &dim)?;
+        if quantity <= 0 {
+            continue;
+        }
+        returned = true;
+        let balance = sub_dict(&dims, dim.downcast()?)?;
+        let Some(term) = term else {
+            return Err(pyo3::exceptions::PyKeyError::new_err(py.None()));
+        };
+        add(&balance, term_name(py, term), -quantity)?;
+        let kind = item(&balance, intern!(py, "kind"))?;
+        if kind.downcast::<PyString>()?.to_str()? == PHYSICAL {
+            add(&balance, intern!(py, "awaiting_confirmation"), quantity)?;
+            sub_dict(child, intern!(py, "awaiting"))?.set_item(&dim, quantity)?;
+            ctx.audit(&parent_id, Some(child), &state, &state, &format!("{reason}: awaiting scheduler confirmation"),
+                      Some(&dim), Some(quantity))?;
+            continue;
+        }
+        let (where_to, target) = destination(parent)?;
+        add(&balance, term_name(py, target), quantity)?;
+        ctx.release(parent, child, &dim, quantity, where_to, reason)?;
+    }
+    ctx.touch(parent, Some(child))?;
+    Ok(returned)
+}
+
+/// accounting.usage_delta
+fn usage_delta<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound<'py, PyDict>,
+                    total: &Bound<'py, PyDict>) -> PyResult<Bound<'py, PyDict>> {
+    let py = ctx.py;
+    let delta = PyDict::new(py);
+    let consumed = sub_dict(child, intern!(py, "consumed"))?;
+    let parent_id = item(parent, intern!(py, "parent_id"))?;
+    for (dim, quantity) in total.iter() {
+        let quantity: i64 = quantity.extract()?;
+        let already: i64 = match consumed.get_item(&dim)? {
+            Some(q) => q.extract()?,
+            None => 0,
+        };
+        if quantity < already {
+            let state = state_of(child)?;
+    let state = state.to_str()?;
+            ctx.audit(&parent_id, Some(child), &state, &state,
+                      &format!("reported total {quantity} is below committed usage {already}: committed usage is \
+                                never reversed"), Some(&dim), Some(quantity))?;
+        }
+        delta.set_item(&dim, quantity - already)?;
+    }
+    Ok(delta)
+}
+
+/// accounting.settle
+fn settle<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound<'py, PyDict>,
+               total: Option<&Bound<'py, PyDict>>, reason: &str) -> PyResult<()> {
+    if let Some(total) = total {
+        if !total.is_empty() {
+            let delta = usage_delta(ctx, parent, child, total)?;
+            commit_usage(ctx, parent, child, &delta)?;
+        }
+    }
+    let returned = release_remainder(ctx, parent, child, reason)?;
+    set_state(ctx, parent, child, if returned { RELEASED } else { COMMITTED }, reason)?;
+    finish_parent_if_done(ctx, parent)
+}
+
+/// accounting.finish_parent_if_done
+fn finish_parent_if_done<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>) -> PyResult<()> {
+    let py = ctx.py;
+    let prior = item(parent, intern!(py, "status"))?.downcast_into::<PyString>()?.to_str()?.to_owned();
+    if (prior != PARENT_CLOSING && prior != PARENT_EXPIRED) || int(parent, intern!(py, "open_children"))? != 0 {
+        return Ok(());
+    }
+    for loan in item(parent, intern!(py, "loans"))?.try_iter()? {
+        let loan = loan?.downcast_into::<PyDict>()?;
+        if item(&loan, intern!(py, "state"))?.downcast::<PyString>()?.to_str()? == LOAN_OPEN {
+            return Ok(());
+        }
+    }
+    let dims = sub_dict(parent, intern!(py, "dimensions"))?;
+    for balance in dims.values() {
+        let balance = balance.downcast_into::<PyDict>()?;
+        if int(&balance, intern!(py, "outstanding"))? != 0 || int(&balance, intern!(py, "pending"))? != 0
+            || int(&balance, intern!(py, "awaiting_confirmation"))? != 0 {
+            return Ok(());
+        }
+    }
+    parent.set_item(intern!(py, "status"), PARENT_CLOSED)?;
+    if item(parent, intern!(py, "outcome"))?.is_none() {
+        parent.set_item(intern!(py, "outcome"), "expired")?;
+    }
+    parent.set_item(intern!(py, "closed_at_ms"), ctx.now_ms)?;
+    let parent_id = item(parent, intern!(py, "parent_id"))?;
+    let retention = py.import("branch_settlement.projections.model")?.getattr("CLOSED_PARENT_RETENTION_MS")?;
+    if !retention.is_none() {
+        let retention: i64 = retention.extract()?;
+        ctx.add_timer(ctx.now_ms + retention, TIMER_PARENT_RETENTION, &parent_id, None)?;
+    }
+    ctx.audit(&parent_id, None, &prior, PARENT_CLOSED, "parent settled", None, None)?;
+    let summary = PyDict::new(py);
+    summary.set_item(intern!(py, "parent_id"), &parent_id)?;
+    summary.set_item(intern!(py, "outcome"), item(parent, intern!(py, "outcome"))?)?;
+    let copies = PyDict::new(py);
+    for (dim, balance) in dims.iter() {
+        copies.set_item(dim, balance.downcast::<PyDict>()?.copy()?)?;
+    }
+    summary.set_item(intern!(py, "dimensions"), copies)?;
+    summary.set_item(intern!(py, "idempotency_key"), &ctx.key)?;
+    summary.set_item(intern!(py, "triggering_event_id"), &ctx.event_id)?;
+    summary.set_item(intern!(py, "input_partition"), &ctx.partition)?;
+    summary.set_item(intern!(py, "input_offset"), &ctx.offset)?;
+    summary.set_item(intern!(py, "ledger_time_ms"), ctx.now_ms)?;
+    ctx.settled.append(summary)?;
+    ctx.touch(parent, None)
+}
+
+// -- handlers.py: the checks every child event starts with ----------------------------------------------------
+
+/// handlers._parent
+fn find_parent<'py>(ctx: &Ctx<'py>, core: &Env, open_only: bool) -> Step<Bound<'py, PyDict>> {
+    let py = ctx.py;
+    let parent_id = ctx.field(intern!(py, "parent_id"))?;
+    let Some(parent) = ctx.parent(&parent_id)? else {
+        return reject(UNKNOWN_PARENT, format!("no parent {}", repr(&parent_id)?));
+    };
+    let status = item(&parent, intern!(py, "status"))?;
+    let status_text = status.downcast::<PyString>().map_err(PyErr::from)?.to_str()?;
+    if status_text == PARENT_CLOSED {
+        let detail = core.closed_detail.bind(py).call1((&parent,))?;
+        return reject(PARENT_CLOSED_CODE, text(&detail)?);
+    }
+    if open_only && status_text != PARENT_OPEN {
+        return reject(PARENT_CLOSED_CODE, format!("parent {} is {status_text}: new work is fenced",
+                                                  repr(&parent_id)?));
+    }
+    Ok(parent)
+}
+
+/// handlers._child
+fn find_child<'py>(ctx: &Ctx<'py>, parent: &Bound<'py, PyDict>, child_id: &Bound<'py, PyAny>)
+                   -> Step<Bound<'py, PyDict>> {
+    let parent_id = item(parent, intern!(ctx.py, "parent_id"))?;
+    match ctx.child(&parent_id, child_id)? {
+        Some(child) => Ok(child),
+        None => reject(UNKNOWN_CHILD, format!("no child {} of parent {}", repr(child_id)?, repr(&parent_id)?)),
+    }
+}
+
+/// handlers._check_dimensions
+fn check_dimensions(parent: &Bound<'_, PyDict>, quantities: Option<&Bound<'_, PyAny>>, field: &str) -> Step<()> {
+    let Some(quantities) = quantities else { return Ok(()) };
+    if !quantities.is_truthy()? {
+        return Ok(());
+    }
+    let quantities = quantities.downcast::<PyDict>().map_err(PyErr::from)?;
+    let dims = sub_dict(parent, intern!(parent.py(), "dimensions"))?;
+    let mut unknown = Vec::new();
+    for dim in quantities.keys() {
+        if !dims.contains(&dim)? {
+            unknown.push(dim.downcast::<PyString>().map_err(PyErr::from)?.to_str()?.to_owned());
+        }
+    }
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    unknown.sort();
+    reject(INVALID_EVENT, format!("{field} names dimensions the parent does not have: {}", unknown.join(", ")))
+}
+
+/// handlers._escalate: the usage of a report that may not settle the child is kept as audit records.
+fn escalate<'py>(ctx: &Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound<'py, PyDict>, code: &'static str,
+                 detail: String) -> Step<()> {
+    let py = ctx.py;
+    let parent_id = item(parent, intern!(py, "parent_id"))?;
+    let state = state_of(child)?;
+    let state = state.to_str()?;
+    let usage = ctx.event.get_item(intern!(py, "usage"))?;
+    let usage = match usage {
+        Some(usage) if usage.is_truthy()? => Some(usage.downcast_into::<PyDict>().map_err(PyErr::from)?),
+        _ => None,
+    };
+    match usage {
+        Some(usage) => {
+            let note = format!("escalation ({code}): usage reported but not committed: {detail}");
+            for (_, dim) in sorted_keys(&usage)? {
+                let quantity: i64 = usage.get_item(&dim)?.expect("a key of the dict").extract()?;
+                ctx.audit(&parent_id, Some(child), &state, &state, &note, Some(&dim), Some(quantity))?;
+            }
+        }
+        None => ctx.audit(&parent_id, Some(child), &state, &state, &format!("escalation ({code}): {detail}"),
+                          None, None)?,
+    }
+    reject(code, detail)
+}
+
+/// handlers._check_attempt
+fn check_attempt<'py>(ctx: &Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound<'py, PyDict>,
+                      attempt_id: &Bound<'py, PyAny>) -> Step<()> {
+    let held = item(child, intern!(ctx.py, "attempt_id"))?;
+    if attempt_id.ne(&held)? {
+        let child_id = item(child, intern!(ctx.py, "child_id"))?;
+        return escalate(ctx, parent, child, SUPERSEDED_ATTEMPT,
+                        format!("attempt {} does not hold child {} (held by {})", repr(attempt_id)?,
+                                repr(&child_id)?, repr(&held)?));
+    }
+    Ok(())
+}
+
+/// handlers._held_child (attempt field `attempt_id`, usage field `usage`)
+fn held_child<'py>(ctx: &Ctx<'py>, core: &Env) -> Step<(Bound<'py, PyDict>, Bound<'py, PyDict>)> {
+    let py = ctx.py;
+    let parent = find_parent(ctx, core, false)?;
+    let child = find_child(ctx, &parent, &ctx.field(intern!(py, "child_id"))?)?;
+    check_dimensions(&parent, ctx.event.get_item(intern!(py, "usage"))?.as_ref(), "usage")?;
+    check_attempt(ctx, &parent, &child, &ctx.field(intern!(py, "attempt_id"))?)?;
+    let state = state_of(&child)?;
+    let state = state.to_str()?;
+    if is_settled(&state) {
+        let child_id = item(&child, intern!(py, "child_id"))?;
+        return reject(ALREADY_SETTLED, format!("child {} is {state}", repr(&child_id)?));
+    }
+    Ok((parent, child))
+}
+
+/// handlers._report_target, for the reports that never enter reconciliation themselves
+fn report_target<'py>(ctx: &Ctx<'py>, core: &Env) -> Step<(Bound<'py, PyDict>, Bound<'py, PyDict>)> {
+    let py = ctx.py;
+    let (parent, child) = held_child(ctx, core)?;
+    let state = state_of(&child)?;
+    let state = state.to_str()?;
+    if state == STRANDED {
+        escalate(ctx, &parent, &child, INVALID_TRANSITION,
+                 "child is stranded: only an operator's ReconciliationResolved settles it".to_owned())?;
+    }
+    let generation: i64 = ctx.field(intern!(py, "lease_generation"))?.extract()?;
+    let held = int(&child, intern!(py, "lease_generation"))?;
+    if generation < held {
+        escalate(ctx, &parent, &child, STALE_LEASE_GENERATION,
+                 format!("lease generation {generation} superseded by {held}"))?;
+    }
+    if generation > held && is_pending(&state) {
+        escalate(ctx, &parent, &child, INVALID_TRANSITION,
+                 format!("lease generation {generation} is unknown to the ledger ({held}) and the child is in \
+                          reconciliation"))?;
+    }
+    Ok((parent, child))
+}
+
+/// handlers._adopt_report, for a report that proves the attempt ran
+fn adopt_report<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound<'py, PyDict>) -> PyResult<()> {
+    let py = ctx.py;
+    let generation: i64 = ctx.field(intern!(py, "lease_generation"))?.extract()?;
+    if generation > int(child, intern!(py, "lease_generation"))? {
+        child.set_item(intern!(py, "lease_generation"), generation)?;
+        let state = state_of(child)?;
+    let state = state.to_str()?;
+        let parent_id = item(parent, intern!(py, "parent_id"))?;
+        ctx.audit(&parent_id, Some(child), &state, &state, "implied lease renewal", None, None)?;
+    }
+    if !item(child, intern!(py, "activated"))?.is_truthy()? {
+        child.set_item(intern!(py, "activated"), true)?;
+        let prior = state_of(child)?;
+    let prior = prior.to_str()?;
+        let new_state = if prior == RESERVED { ACTIVATED } else { prior };
+        set_state(ctx, parent, child, new_state, "implied activation")?;
+    }
+    Ok(())
+}
+
+/// handlers._check_headroom
+fn check_headroom(parent: &Bound<'_, PyDict>, usage: &Bound<'_, PyAny>) -> Step<()> {
+    if usage.is_none() || !usage.is_truthy()? {
+        return Ok(());
+    }
+    let py = parent.py();
+    let dims = sub_dict(parent, intern!(py, "dimensions"))?;
+    for (dim, quantity) in usage.downcast::<PyDict>().map_err(PyErr::from)?.iter() {
+        let balance = sub_dict(&dims, dim.downcast().map_err(PyErr::from)?)?;
+        let quantity: i64 = quantity.extract()?;
+        let held = int(&balance, intern!(py, "committed"))?
+            .max(int(&balance, intern!(py, "capacity"))? + int(&balance, intern!(py, "overdrawn"))?);
+        if held + quantity > MAX_BALANCE {
+            return reject(LIMIT_EXCEEDED, format!("{}: committing {quantity} would take the ledger past {MAX_BALANCE}",
+                                                  text(&dim)?));
+        }
+    }
+    Ok(())
+}
+
+fn usage_dict<'py>(ctx: &Ctx<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+    let usage = ctx.field(intern!(ctx.py, "usage"))?;
+    Ok(if usage.is_none() { None } else { Some(usage.downcast_into()?) })
+}
+
+// -- handlers.py: the four compiled event types -----------------------------------------------------------------
+
+/// handlers.child_reserved
+fn child_reserved<'py>(ctx: &mut Ctx<'py>, core: &Env) -> Step<()> {
+    let py = ctx.py;
+    let parent = find_parent(ctx, core, true)?;
+    let parent_id = item(&parent, intern!(py, "parent_id"))?;
+    let child_id = ctx.field(intern!(py, "child_id"))?;
+    if ctx.child(&parent_id, &child_id)?.is_some() {
+        return reject(INVALID_TRANSITION, format!("child {} is already reserved", repr(&child_id)?));
+    }
+    let quantities = ctx.field(intern!(py, "quantities"))?;
+    check_dimensions(&parent, Some(&quantities), "quantities")?;
+    let quantities = quantities.downcast_into::<PyDict>().map_err(PyErr::from)?;
+    let children = item(&parent, intern!(py, "children"))?.downcast_into::<PyList>().map_err(PyErr::from)?;
+    if children.len() >= MAX_CHILDREN_PER_PARENT {
+        return reject(LIMIT_EXCEEDED, format!("a parent has at most {MAX_CHILDREN_PER_PARENT} children"));
+    }
+    let live = int(&parent, intern!(py, "live_children"))?;
+    let max_live = int(&parent, intern!(py, "max_live_children"))?;
+    if live >= max_live {
+        return reject(FANOUT_EXCEEDED, format!("{live} live children, at most {max_live}"));
+    }
+    let dims = sub_dict(&parent, intern!(py, "dimensions"))?;
+    let sorted = sorted_keys(&quantities)?;
+    let mut short = Vec::new();
+    for (name, dim) in &sorted {
+        let quantity: i64 = quantities.get_item(dim)?.expect("a key of the dict").extract()?;
+        let available = int(&sub_dict(&dims, dim.downcast().map_err(PyErr::from)?)?, intern!(py, "available"))?;
+        if quantity > available {
+            short.push(format!("{name} {quantity} > available {available}"));
+        }
+    }
+    if !short.is_empty() {
+        if item(&parent, intern!(py, "loans"))?.is_truthy()? {
+            return Err(Fail::Delegate); // lent capacity may cover it: loans are recalled (handlers._short_of_available)
+        }
+        return reject(EXCEEDS_AVAILABLE, short.join("; "));
+    }
+    for (dim, quantity) in quantities.iter() {
+        let quantity: i64 = quantity.extract()?;
+        let balance = sub_dict(&dims, dim.downcast().map_err(PyErr::from)?)?;
+        add(&balance, intern!(py, "available"), -quantity)?;
+        add(&balance, intern!(py, "outstanding"), quantity)?;
+    }
+    // model.new_child
+    let child = presized(py, 16)?;
+    let reserved = PyDict::new(py);
+    let consumed = PyDict::new(py);
+    for (_, dim) in &sorted {
+        reserved.set_item(dim, quantities.get_item(dim)?.expect("a key of the dict"))?;
+        consumed.set_item(dim, 0)?;
+    }
+    child.set_item(intern!(py, "parent_id"), &parent_id)?;
+    child.set_item(intern!(py, "child_id"), &child_id)?;
+    child.set_item(intern!(py, "branch_id"), ctx.field(intern!(py, "branch_id"))?)?;
+    child.set_item(intern!(py, "attempt_id"), ctx.field(intern!(py, "attempt_id"))?)?;
+    child.set_item(intern!(py, "state"), RESERVED)?;
+    child.set_item(intern!(py, "activated"), false)?;
+    child.set_item(intern!(py, "lease_generation"), 0)?;
+    child.set_item(intern!(py, "lease_expires_at_ms"), py.None())?;
+    child.set_item(intern!(py, "reconcile_deadline_ms"), py.None())?;
+    child.set_item(intern!(py, "reserved"), reserved)?;
+    child.set_item(intern!(py, "consumed"), consumed)?;
+    child.set_item(intern!(py, "earlier_attempts_consumed"), PyDict::new(py))?;
+    child.set_item(intern!(py, "awaiting"), PyDict::new(py))?;
+    child.set_item(intern!(py, "awaiting_destination"), PyDict::new(py))?;
+    child.set_item(intern!(py, "escalated"), PyDict::new(py))?;
+    child.set_item(intern!(py, "usage_report_ids"), PyList::empty(py))?;
+    children.append(&child_id)?;
+    add(&parent, intern!(py, "live_children"), 1)?;
+    add(&parent, intern!(py, "open_children"), 1)?;
+    ctx.audit(&parent_id, Some(&child), "", RESERVED, "child reserved", None, None)?;
+    ctx.touch(&parent, Some(&child))?;
+    Ok(())
+}
+
+/// handlers.child_activated
+fn child_activated<'py>(ctx: &mut Ctx<'py>, core: &Env) -> Step<()> {
+    let py = ctx.py;
+    let parent = find_parent(ctx, core, true)?;
+    let child = find_child(ctx, &parent, &ctx.field(intern!(py, "child_id"))?)?;
+    let state = state_of(&child)?;
+    let state = state.to_str()?;
+    let child_id = item(&child, intern!(py, "child_id"))?;
+    if is_settled(&state) || is_pending(&state) {
+        return reject(DISPATCH_FENCED, format!("child {} is {state}", repr(&child_id)?));
+    }
+    check_attempt(ctx, &parent, &child, &ctx.field(intern!(py, "attempt_id"))?)?;
+    let activated = item(&child, intern!(py, "activated"))?.is_truthy()?;
+    if state == CANCEL_REQUESTED && !activated {
+        return reject(DISPATCH_FENCED, "cancel was requested before activation".to_owned());
+    }
+    if activated {
+        return reject(INVALID_TRANSITION, format!("child {} is already activated", repr(&child_id)?));
+    }
+    let generation: i64 = ctx.field(intern!(py, "lease_generation"))?.extract()?;
+    let held = int(&child, intern!(py, "lease_generation"))?;
+    if generation < held {
+        return reject(STALE_LEASE_GENERATION, format!("lease generation {generation} superseded by {held}"));
+    }
+    child.set_item(intern!(py, "activated"), true)?;
+    child.set_item(intern!(py, "lease_generation"), generation)?;
+    // handlers._start_lease
+    let ttl: i64 = ctx.field(intern!(py, "lease_ttl_ms"))?.extract()?;
+    let deadline_ms = ctx.now_ms + ttl;
+    child.set_item(intern!(py, "lease_expires_at_ms"), deadline_ms)?;
+    let parent_id = item(&parent, intern!(py, "parent_id"))?;
+    ctx.add_timer(deadline_ms, TIMER_CHILD_LEASE, &parent_id, Some(&child_id))?;
+    set_state(ctx, &parent, &child, ACTIVATED, "dispatch confirmed")?;
+    Ok(())
+}
+
+/// handlers.usage_reported
+fn usage_reported<'py>(ctx: &mut Ctx<'py>, core: &Env) -> Step<()> {
+    let py = ctx.py;
+    let (parent, child) = report_target(ctx, core)?;
+    let report_id = ctx.field(intern!(py, "usage_report_id"))?;
+    let ids = item(&child, intern!(py, "usage_report_ids"))?.downcast_into::<PyList>().map_err(PyErr::from)?;
+    if ids.contains(&report_id)? {
+        return reject(DUPLICATE_USAGE_REPORT, format!("usage report {} was already counted", repr(&report_id)?));
+    }
+    let last = ctx.field(intern!(py, "final"))?.is_truthy()?;
+    if ids.len() >= MAX_USAGE_REPORTS_PER_ATTEMPT && !last {
+        return reject(LIMIT_EXCEEDED, format!("an attempt has at most {MAX_USAGE_REPORTS_PER_ATTEMPT} usage reports: \
+                                               report the total in its completion"));
+    }
+    let usage = ctx.field(intern!(py, "usage"))?;
+    check_headroom(&parent, &usage)?;
+    adopt_report(ctx, &parent, &child)?;
+    ids.append(&report_id)?;
+    let usage = usage.downcast_into::<PyDict>().map_err(PyErr::from)?;
+    commit_usage(ctx, &parent, &child, &usage)?;
+    if last {
+        settle(ctx, &parent, &child, None, "final_usage")?;
+    } else if state_of(&child)?.to_str()? == ACTIVATED {
+        set_state(ctx, &parent, &child, PARTIALLY_CONSUMED, "usage reported")?;
+    }
+    Ok(())
+}
+
+/// handlers.child_completed
+fn child_completed<'py>(ctx: &mut Ctx<'py>, core: &Env) -> Step<()> {
+    let (parent, child) = report_target(ctx, core)?;
+    let usage = ctx.field(intern!(ctx.py, "usage"))?;
+    check_headroom(&parent, &usage)?;
+    adopt_report(ctx, &parent, &child)?;
+    let usage = usage_dict(ctx)?;
+    settle(ctx, &parent, &child, usage.as_ref(), "completed")?;
+    Ok(())
+}
+
+// -- fold.py ------------------------------------------------------------------------------------------------------
+
+/// What fold.py hands the core once: the Python functions it calls on the rare paths.
+struct Env {
+    digest: Py<PyAny>,
+    closed_detail: Py<PyAny>,
+    raise_violation: Py<PyAny>,
+    event_context: Py<PyAny>,
+}
+
+/// The compiled per-event path of one `Fold` (processors/ledger/fold.py), which it calls back for every event it
+/// does not compile.
+#[pyclass(module = "branch_settlement_native", unsendable)]
+pub struct FoldCore {
+    env: Env,
+    // The fold's, fixed when it is made: its view (with the view's cache and changes), partition and partitions.
+    view: Py<PyAny>,
+    cache: Py<PyDict>,
+    dirty: Py<PyDict>,
+    partition: Py<PyAny>,
+    partition_number: i64,
+    partitions: Option<u32>,
+}
+
+#[pymethods]
+impl FoldCore {
+    /// `fold`: the Python Fold, whose view, partition and partitions are read once, here (the core keeps no
+    /// reference to the fold itself, which holds the core); `env`: fold.py's functions and the contract's names and
+    /// limits, checked here.
+    #[new]
+    fn new(fold: Bound<'_, PyAny>, env: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let contract = env.get_item("contract")?.ok_or_else(|| PyValueError::new_err("no contract"))?;
+        let contract = contract.downcast::<PyDict>()?;
+        for (name, value) in CONTRACT {
+            let given = contract.get_item(*name)?;
+            let agrees = match (value, &given) {
+                (Value::S(s), Some(given)) => given.extract::<String>().map(|g| g == *s).unwrap_or(false),
+                (Value::I(i), Some(given)) => given.extract::<i64>().map(|g| g == *i).unwrap_or(false),
+                _ => false,
+            };
+            if !agrees {
+                return Err(PyValueError::new_err(format!(
+                    "branch-settlement-native was built for another contract: {name} is {given:?} in Python; \
+                     rebuild it (`make install`)")));
+            }
+        }
+        let get = |name: &str| -> PyResult<Py<PyAny>> {
+            Ok(env.get_item(name)?.ok_or_else(|| PyValueError::new_err(format!("no {name}")))?.unbind())
+        };
+        let view = fold.getattr("view")?;
+        let partition = fold.getattr("partition")?;
+        let partitions = fold.getattr("partitions")?;
+        Ok(FoldCore {
+            cache: view.getattr("_cache")?.downcast_into::<PyDict>()?.unbind(),
+            dirty: view.getattr("_dirty")?.downcast_into::<PyDict>()?.unbind(),
+            view: view.unbind(),
+            partition_number: partition.extract()?,
+            partition: partition.unbind(),
+            partitions: if partitions.is_none() { None } else { Some(partitions.extract()?) },
+            env: Env {
+                digest: get("payload_digest")?,
+                closed_detail: get("closed_detail")?,
+                raise_violation: get("raise_violation")?,
+                event_context: get("event_context")?,
+            },
+        })
+    }
+
+    /// Fold.apply, of `fold` (the Fold that made this core: its `_apply` takes what is not compiled here)
+    fn apply<'py>(&self, py: Python<'py>, fold: &Bound<'py, PyAny>, event: &Bound<'py, PyAny>,
+                  offset: &Bound<'py, PyAny>, out: &Bound<'py, PyAny>, ledger_tick: bool)
+                  -> PyResult<Bound<'py, PyAny>> {
+        let delegate = || fold.call_method1(intern!(py, "_apply"), (event, offset, out, ledger_tick));
+        if ledger_tick {
+            return delegate();
+        }
+        let Ok(event_dict) = event.downcast::<PyDict>() else { return delegate() };
+        let Some(etype) = event_dict.get_item(intern!(py, "type"))? else { return delegate() };
+        let compiled = match etype.downcast::<PyString>() {
+            Ok(name) => COMPILED_TYPES.contains(&name.to_str()?),
+            Err(_) => false,
+        };
+        if !compiled || !plainly_valid(event_dict, etype.downcast::<PyString>()?.to_str()?)? {
+            return delegate();
+        }
+        let parent_id = item(event_dict, intern!(py, "parent_id"))?;
+        if let Some(partitions) = self.partitions {
+            let hash = murmur2(parent_id.downcast::<PyString>()?.to_str()?.as_bytes()) & 0x7FFF_FFFF;
+            if partitions == 0 || i64::from(hash % partitions) != self.partition_number {
+                return delegate();
+            }
+        }
+        let view = self.view.bind(py);
+        let now_ms: i64 = item(view.getattr(intern!(py, "meta"))?.downcast()?, intern!(py, "ledger_time_ms"))?
+            .extract()?;
+        let out_list = |name: &Bound<'py, PyString>| -> PyResult<Bound<'py, PyList>> {
+            Ok(out.getattr(name)?.downcast_into::<PyList>()?)
+        };
+        let mut ctx = Ctx {
+            py,
+            cache: self.cache.bind(py).clone(),
+            dirty: self.dirty.bind(py).clone(),
+            view: view.clone(),
+            event: event_dict.clone(),
+            etype: etype.clone(),
+            event_id: item(event_dict, intern!(py, "event_id"))?,
+            key: item(event_dict, intern!(py, "idempotency_key"))?,
+            partition: self.partition.bind(py).clone(),
+            offset: offset.clone(),
+            now_ms,
+            audits: out_list(intern!(py, "audits"))?,
+            releases: out_list(intern!(py, "releases"))?,
+            settled: out_list(intern!(py, "settled"))?,
+            touched: Vec::new(),
+            touched_children: Vec::new(),
+            overdrawn: false,
+        };
+        let (code, detail) = match self.apply_once(&mut ctx, &parent_id) {
+            Ok(outcome) => outcome,
+            Err(Fail::Delegate) => return delegate(),
+            Err(Fail::Py(err)) => return Err(err),
+            Err(Fail::Reject(..)) => unreachable!("apply_once returns rejections as outcomes"),
+        };
+        self.check_invariants(&ctx)?;
+        let result = presized(py, 10)?;
+        result.set_item(intern!(py, "event_id"), &ctx.event_id)?;
+        result.set_item(intern!(py, "idempotency_key"), &ctx.key)?;
+        result.set_item(intern!(py, "parent_id"), &parent_id)?;
+        result.set_item(intern!(py, "child_id"), event_dict.get_item(intern!(py, "child_id"))?)?;
+        result.set_item(intern!(py, "event_type"), &etype)?;
+        result.set_item(intern!(py, "result"), code)?;
+        result.set_item(intern!(py, "detail"), detail)?;
+        result.set_item(intern!(py, "input_partition"), &ctx.partition)?;
+        result.set_item(intern!(py, "input_offset"), offset)?;
+        result.set_item(intern!(py, "ledger_time_ms"), ctx.now_ms)?;
+        out_list(intern!(py, "results"))?.append(&result)?;
+        view.call_method0(intern!(py, "end_event"))?;
+        Ok(result.into_any())
+    }
+}
+
+impl FoldCore {
+    /// Fold._apply_once: (result code, detail)
+    fn apply_once<'py>(&self, ctx: &mut Ctx<'py>, parent_id: &Bound<'py, PyAny>) -> Step<(&'static str, String)> {
+        let py = ctx.py;
+        let digest = self.env.digest.bind(py).call1((&ctx.event,))?;
+        if let Some(stored) = ctx.idempotency(parent_id)? {
+            let event_id = text(&item(&stored, intern!(py, "event_id"))?)?;
+            if item(&stored, intern!(py, "payload_digest"))?.eq(&digest)? {
+                let result = text(&item(&stored, intern!(py, "result"))?)?;
+                return Ok((DUPLICATE, format!("original event {event_id} had result {result}")));
+            }
+            let event_type = text(&item(&stored, intern!(py, "event_type"))?)?;
+            return Ok((IDEMPOTENCY_CONFLICT, format!("key {} was used by event {event_id} ({event_type}) with \
+                                                      another payload", repr(&ctx.key)?)));
+        }
+        let handled = match ctx.etype.downcast::<PyString>().map_err(PyErr::from)?.to_str()? {
+            "ChildReserved" => child_reserved(ctx, &self.env),
+            "ChildActivated" => child_activated(ctx, &self.env),
+            "UsageReported" => usage_reported(ctx, &self.env),
+            "ChildCompleted" => child_completed(ctx, &self.env),
+            _ => Err(Fail::Delegate),
+        };
+        match handled {
+            Ok(()) => {}
+            Err(Fail::Reject(code, detail)) => return Ok((code, detail)),
+            Err(other) => return Err(other),
+        }
+        let code = if ctx.overdrawn { OVERDRAWN } else { OK };
+        let record = presized(py, 4)?;
+        record.set_item(intern!(py, "payload_digest"), digest.downcast::<PyBytes>().map_err(PyErr::from)?)?;
+        record.set_item(intern!(py, "event_type"), &ctx.etype)?;
+        record.set_item(intern!(py, "result"), code)?;
+        record.set_item(intern!(py, "event_id"), &ctx.event_id)?;
+        ctx.put_idempotency(parent_id, &record)?;
+        Ok((code, String::new()))
+    }
+
+    /// fold.check_invariant on every parent the event changed; a violation is described and raised by fold.py.
+    fn check_invariants(&self, ctx: &Ctx<'_>) -> PyResult<()> {
+        let py = ctx.py;
+        for (_, parent) in &ctx.touched {
+            if self.holds(parent)? {
+                continue;
+            }
+            let context = self.env.event_context.bind(py).call1((&ctx.event, &ctx.partition, &ctx.offset, ctx.now_ms,
+                                                                 py.None()))?;
+            let touched = PyDict::new(py);
+            for (id, record) in &ctx.touched {
+                touched.set_item(id, record)?;
+            }
+            let children = PyDict::new(py);
+            for child in &ctx.touched_children {
+                children.set_item(child.as_ptr() as usize, child)?;
+            }
+            context.setattr("touched", touched)?;
+            context.setattr("touched_children", children)?;
+            self.env.raise_violation.bind(py).call1((parent, context, &ctx.view))?;
+            return Err(PyValueError::new_err("fold._raise_violation found no violation the core found"));
+        }
+        Ok(())
+    }
+
+    fn holds(&self, parent: &Bound<'_, PyDict>) -> PyResult<bool> {
+        let py = parent.py();
+        let live = int(parent, intern!(py, "live_children"))?;
+        if live < 0 || live > int(parent, intern!(py, "open_children"))? {
+            return Ok(false);
+        }
+        let terms = [intern!(py, "capacity"), intern!(py, "available"), intern!(py, "outstanding"),
+                     intern!(py, "pending"), intern!(py, "awaiting_confirmation"), intern!(py, "lent"),
+                     intern!(py, "returned_to_pool"), intern!(py, "committed"), intern!(py, "overdrawn")];
+        for balance in sub_dict(parent, intern!(py, "dimensions"))?.values() {
+            let balance = balance.downcast_into::<PyDict>()?;
+            let mut values = [0i64; 9];
+            for (slot, term) in values.iter_mut().zip(terms.iter()) {
+                *slot = int(&balance, term)?;
+            }
+            let sum: i128 = values.iter().map(|v| *v as i128).sum();
+            if values.iter().any(|v| *v < 0) || sum != 2 * (values[0] as i128 + values[8] as i128) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+#[pyfunction]
+#[pyo3(name = "murmur2")]
+pub fn murmur2_py(data: &[u8]) -> u32 {
+    murmur2(data)
+}
