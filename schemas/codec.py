@@ -157,6 +157,11 @@ class Codec:
 
         return encode
 
+    def plain_encoders(self) -> dict[str, Callable[[dict[str, Any]], bytes]]:
+        """Per record name, the writer `encode` tries first (compiled or generated, as the implementation is): it
+        raises NotPlain for what only fastavro encodes, which `encode` then does."""
+        return dict(self._encoders)
+
     def _encode_with_fastavro(self, name: str, header: bytes, record: dict[str, Any]) -> bytes:
         """fastavro's encoding: what it accepts beyond plain values (a float for a long, a missing field with
         a default, a tuple for an array ...), and the error for what nobody can encode."""

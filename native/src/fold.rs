@@ -76,6 +76,7 @@ const PARENT_RECORD: &str = "LedgerParent";
 const CHILD_RECORD: &str = "LedgerChild";
 const IDEMPOTENCY_RECORD: &str = "IdempotencyRecord";
 const NEW_RECORD_BYTES: i64 = 1024;
+const ENTRY_BYTES: i64 = 400;
 
 /// What fold.py checks at start: each of its names and limits, as this code has them.
 const CONTRACT: &[(&str, Value)] = &[
@@ -104,7 +105,7 @@ const CONTRACT: &[(&str, Value)] = &[
     ("KEY_SEP", Value::S(KEY_SEP)), ("KEY_PARENT", Value::S(KEY_PARENT)), ("KEY_CHILD", Value::S(KEY_CHILD)),
     ("KEY_IDEMPOTENCY", Value::S(KEY_IDEMPOTENCY)), ("PARENT_RECORD", Value::S(PARENT_RECORD)),
     ("CHILD_RECORD", Value::S(CHILD_RECORD)), ("IDEMPOTENCY_RECORD", Value::S(IDEMPOTENCY_RECORD)),
-    ("NEW_RECORD_BYTES", Value::I(NEW_RECORD_BYTES)),
+    ("NEW_RECORD_BYTES", Value::I(NEW_RECORD_BYTES)), ("ENTRY_BYTES", Value::I(ENTRY_BYTES)),
 ];
 
 enum Value {
@@ -161,6 +162,27 @@ fn reject<T>(code: &'static str, detail: String) -> Step<T> {
 fn presized(py: Python<'_>, size: isize) -> PyResult<Bound<'_, PyDict>> {
     // SAFETY: _PyDict_NewPresized returns a new reference to a dict, or NULL with an exception set.
     unsafe { Ok(Bound::from_owned_ptr_or_err(py, pyo3::ffi::_PyDict_NewPresized(size))?.downcast_into_unchecked()) }
+}
+
+/// A state's name as a Python string: the interned one for the ledger's states (most audit records name two).
+fn state_name<'py>(py: Python<'py>, state: &str) -> Bound<'py, PyString> {
+    let interned = match state {
+        RESERVED => intern!(py, "reserved"),
+        ACTIVATED => intern!(py, "activated"),
+        PARTIALLY_CONSUMED => intern!(py, "partially_consumed"),
+        CANCEL_REQUESTED => intern!(py, "cancel_requested"),
+        EXPIRED => intern!(py, "expired"),
+        RECONCILING => intern!(py, "reconciling"),
+        STRANDED => intern!(py, "stranded"),
+        COMMITTED => intern!(py, "committed"),
+        RELEASED => intern!(py, "released"),
+        PARENT_OPEN => intern!(py, "open"),
+        PARENT_CLOSING => intern!(py, "closing"),
+        PARENT_CLOSED => intern!(py, "closed"),
+        "" => intern!(py, ""),
+        _ => return PyString::new(py, state),
+    };
+    interned.clone()
 }
 
 /// The interned name of a balance term.
@@ -333,6 +355,10 @@ struct Ctx<'py> {
     view: Bound<'py, PyAny>,
     cache: Bound<'py, PyDict>,
     dirty: Bound<'py, PyDict>,
+    sizes: Bound<'py, PyDict>,
+    store: Bound<'py, PyAny>,
+    decode: Bound<'py, PyAny>,
+    decoded_size: Bound<'py, PyAny>,
     event: Bound<'py, PyDict>,
     etype: Bound<'py, PyAny>,
     event_id: Bound<'py, PyAny>,
@@ -373,8 +399,8 @@ impl<'py> Ctx<'py> {
         }
         record.set_item(intern!(py, "dimension"), dimension)?;
         record.set_item(intern!(py, "quantity"), quantity)?;
-        record.set_item(intern!(py, "prior_state"), prior_state)?;
-        record.set_item(intern!(py, "new_state"), new_state)?;
+        record.set_item(intern!(py, "prior_state"), state_name(py, prior_state))?;
+        record.set_item(intern!(py, "new_state"), state_name(py, new_state))?;
         record.set_item(intern!(py, "idempotency_key"), &self.key)?;
         match child {
             Some(child) => record.set_item(intern!(py, "lease_generation"),
@@ -418,14 +444,48 @@ impl<'py> Ctx<'py> {
 
     // -- the view ---------------------------------------------------------------------------------------------
 
-    /// LedgerView._get: a record the view has cached is read from its cache here; any other, by the view.
+    /// LedgerView._get
     fn get(&self, key: Vec<u8>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let key = PyBytes::new(self.py, &key);
+        let py = self.py;
+        let key = PyBytes::new(py, &key);
         let found = match self.cache.get_item(&key)? {
             Some(found) => found,
-            None => self.view.call_method1(intern!(self.py, "_get"), (key,))?,
+            None => {
+                let entry = self.dirty.get_item(&key)?;
+                let raw = match &entry {
+                    None => self.store.call_method1(intern!(py, "get"), (&key,))?,
+                    Some(entry) if entry.is_none() => py.None().into_bound(py),
+                    Some(entry) => entry.get_item(1)?,
+                };
+                if raw.is_none() {
+                    self.cache.set_item(&key, py.None())?;
+                    self.charge(&key, ENTRY_BYTES)?;
+                    return Ok(None);
+                }
+                let decoded = self.decode.call1((&raw,))?;
+                let (name, record) = (decoded.get_item(0)?, decoded.get_item(1)?);
+                self.cache.set_item(&key, &record)?;
+                let size: i64 = self.decoded_size.call1((&key, raw.len()?))?.extract()?;
+                self.charge(&key, size)?;
+                if !record.is_none() && entry.is_some() {
+                    self.dirty.set_item(&key, (name, &record))?; // spilled earlier: the record is the change again
+                }
+                record
+            }
         };
         Ok(if found.is_none() { None } else { Some(found.downcast_into()?) })
+    }
+
+    /// LedgerView._charge
+    fn charge(&self, key: &Bound<'py, PyBytes>, size: i64) -> PyResult<()> {
+        let py = self.py;
+        let before: i64 = match self.sizes.get_item(key)? {
+            Some(before) => before.extract()?,
+            None => 0,
+        };
+        let cached: i64 = self.view.getattr(intern!(py, "cached_bytes"))?.extract()?;
+        self.view.setattr(intern!(py, "cached_bytes"), cached + size - before)?;
+        self.sizes.set_item(key, size)
     }
 
     /// LedgerView._put
@@ -434,7 +494,7 @@ impl<'py> Ctx<'py> {
         let cached = self.cache.get_item(&key)?;
         if !cached.is_some_and(|cached| cached.is(record)) {
             self.cache.set_item(&key, record)?;
-            self.view.call_method1(intern!(self.py, "_charge"), (&key, NEW_RECORD_BYTES))?;
+            self.charge(&key, NEW_RECORD_BYTES)?;
         }
         self.dirty.set_item(key, (name, record))
     }
@@ -562,7 +622,7 @@ fn set_state<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound
     if is_settled(new_state) && !is_settled(&old_state) {
         add(parent, intern!(py, "open_children"), -1)?;
     }
-    child.set_item(intern!(py, "state"), new_state)?;
+    child.set_item(intern!(py, "state"), state_name(py, new_state))?;
     let parent_id = item(parent, intern!(py, "parent_id"))?;
     ctx.audit(&parent_id, Some(child), &old_state, new_state, note, None, None)?;
     ctx.touch(parent, Some(child))
@@ -1099,6 +1159,8 @@ fn child_completed<'py>(ctx: &mut Ctx<'py>, core: &Env) -> Step<()> {
 /// What fold.py hands the core once: the Python functions it calls on the rare paths.
 struct Env {
     digest: Py<PyAny>,
+    digest_writers: Py<PyAny>,
+    decoded_size: Py<PyAny>,
     closed_detail: Py<PyAny>,
     raise_violation: Py<PyAny>,
     event_context: Py<PyAny>,
@@ -1113,6 +1175,10 @@ pub struct FoldCore {
     view: Py<PyAny>,
     cache: Py<PyDict>,
     dirty: Py<PyDict>,
+    sizes: Py<PyDict>,
+    store: Py<PyAny>,
+    decode: Py<PyAny>,
+    digests: std::cell::OnceCell<Py<PyDict>>,
     partition: Py<PyAny>,
     partition_number: i64,
     partitions: Option<u32>,
@@ -1149,12 +1215,18 @@ impl FoldCore {
         Ok(FoldCore {
             cache: view.getattr("_cache")?.downcast_into::<PyDict>()?.unbind(),
             dirty: view.getattr("_dirty")?.downcast_into::<PyDict>()?.unbind(),
+            sizes: view.getattr("_sizes")?.downcast_into::<PyDict>()?.unbind(),
+            store: view.getattr("store")?.unbind(),
+            decode: view.getattr("_decode")?.unbind(),
+            digests: std::cell::OnceCell::new(),
             view: view.unbind(),
             partition_number: partition.extract()?,
             partition: partition.unbind(),
             partitions: if partitions.is_none() { None } else { Some(partitions.extract()?) },
             env: Env {
                 digest: get("payload_digest")?,
+                digest_writers: get("digest_writers")?,
+                decoded_size: get("decoded_size")?,
                 closed_detail: get("closed_detail")?,
                 raise_violation: get("raise_violation")?,
                 event_context: get("event_context")?,
@@ -1196,6 +1268,10 @@ impl FoldCore {
             py,
             cache: self.cache.bind(py).clone(),
             dirty: self.dirty.bind(py).clone(),
+            sizes: self.sizes.bind(py).clone(),
+            store: self.store.bind(py).clone(),
+            decode: self.decode.bind(py).clone(),
+            decoded_size: self.env.decoded_size.bind(py).clone(),
             view: view.clone(),
             event: event_dict.clone(),
             etype: etype.clone(),
@@ -1239,7 +1315,7 @@ impl FoldCore {
     /// Fold._apply_once: (result code, detail)
     fn apply_once<'py>(&self, ctx: &mut Ctx<'py>, parent_id: &Bound<'py, PyAny>) -> Step<(&'static str, String)> {
         let py = ctx.py;
-        let digest = self.env.digest.bind(py).call1((&ctx.event,))?;
+        let digest = self.digest(ctx)?;
         if let Some(stored) = ctx.idempotency(parent_id)? {
             let event_id = text(&item(&stored, intern!(py, "event_id"))?)?;
             if item(&stored, intern!(py, "payload_digest"))?.eq(&digest)? {
@@ -1270,6 +1346,25 @@ impl FoldCore {
         record.set_item(intern!(py, "event_id"), &ctx.event_id)?;
         ctx.put_idempotency(parent_id, &record)?;
         Ok((code, String::new()))
+    }
+
+    /// fold.payload_digest: the compiled digest of the event's type, called here; where it is not sure, or the
+    /// digests are the Python ones, fold.py's payload_digest.
+    fn digest<'py>(&self, ctx: &Ctx<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let py = ctx.py;
+        if self.digests.get().is_none() {
+            let writers = self.env.digest_writers.bind(py).call0()?.downcast_into::<PyDict>()?.unbind();
+            let _ = self.digests.set(writers);
+        }
+        let writers = self.digests.get().expect("set above").bind(py);
+        if let Some(writer) = writers.get_item(&ctx.etype)? {
+            if let Ok(writer) = writer.downcast::<crate::SortedJsonDigest>() {
+                if let Some(digest) = writer.get().digest(py, &ctx.event) {
+                    return Ok(digest.into_any());
+                }
+            }
+        }
+        self.env.digest.bind(py).call1((&ctx.event,))
     }
 
     /// fold.check_invariant on every parent the event changed; a violation is described and raised by fold.py.

@@ -15,6 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString, PyTuple, PyType};
 
 mod fold;
+mod outputs;
 
 // Plan kinds, as codegen.py numbers them.
 const NULL: u8 = 0;
@@ -583,13 +584,19 @@ fn write_json(node: &Json, value: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> Resul
 /// The idempotency digest of an event of one type (processors/ledger/fold.py, payload_digest): BLAKE2b-128 of the
 /// text schemas/event_json.py's generated sorted-JSON writer gives, or None where that writer is not sure.
 #[pyclass(frozen, module = "branch_settlement_native")]
-struct SortedJsonDigest {
+pub(crate) struct SortedJsonDigest {
     count: usize,
     left_out: Vec<Py<PyString>>,
     record: Json,
 }
 
 impl SortedJsonDigest {
+    pub(crate) fn digest<'py>(&self, py: Python<'py>, event: &Bound<'py, PyAny>) -> Option<Bound<'py, PyBytes>> {
+        use blake2::digest::{consts::U16, Digest};
+        let text = self.text(event).ok()?;
+        Some(PyBytes::new(py, &blake2::Blake2b::<U16>::digest(&text)))
+    }
+
     fn text(&self, event: &Bound<'_, PyAny>) -> Result<Vec<u8>, NotSure> {
         let dict = event.downcast_exact::<PyDict>().map_err(|_| NotSure)?;
         if dict.len() != self.count {
@@ -646,9 +653,7 @@ impl SortedJsonDigest {
 
     /// The digest, or None where json.dumps decides.
     fn __call__<'py>(&self, py: Python<'py>, event: &Bound<'py, PyAny>) -> Option<Bound<'py, PyBytes>> {
-        use blake2::digest::{consts::U16, Digest};
-        let text = self.text(event).ok()?;
-        Some(PyBytes::new(py, &blake2::Blake2b::<U16>::digest(&text)))
+        self.digest(py, event)
     }
 
     /// The text digested, or None (for the tests: the generated writer's text, byte for byte).
@@ -663,6 +668,7 @@ fn branch_settlement_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Decoder>()?;
     m.add_class::<SortedJsonDigest>()?;
     m.add_class::<fold::FoldCore>()?;
+    m.add_class::<outputs::OutputEncoder>()?;
     m.add_function(wrap_pyfunction!(fold::murmur2_py, m)?)?;
     m.add("PLAN_VERSION", 2)?;
     Ok(())

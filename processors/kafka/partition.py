@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from branch_settlement.processors.ledger.fold import Fold
-from branch_settlement.processors.ledger.outputs import DEAD_LETTER_TOPIC, OUTPUT_ROUTES, Outputs
+from branch_settlement.processors.ledger.outputs import DEAD_LETTER_TOPIC, Outputs, output_encoder
 from branch_settlement.projections import keys, model
 from branch_settlement.projections.store import RocksStore
 from branch_settlement.projections.view import LedgerView
@@ -63,6 +63,7 @@ class PartitionTask:
         # A fold of one partition of the input topic: misrouted events and Ticks among the input change nothing.
         self.fold = Fold(self.view, partition, partitions)
         self.out = Outputs()  # what the event being folded produces; encoded into `records` right after
+        self._encode_outputs = output_encoder(codec)
         # Everything produced since the last checkpoint, encoded, in input order: (logical topic, key, value).
         self.records: list[tuple[str, bytes | None, bytes]] = []
         self.results = 0  # events folded since the last checkpoint
@@ -97,17 +98,8 @@ class PartitionTask:
         """Fold one event and encode its outputs at once, in input order: the checkpoint then only produces
         (shorter transactions), and each output partition carries its records in input order. An encoding
         failure raises like a failure of the fold: a bug, never bad input."""
-        out = self.out
-        result = self.fold.apply(event, offset, out, ledger_tick)
-        encode = self.codec.encode
-        records = self.records
-        for attr, topic, record_name in OUTPUT_ROUTES:
-            for record in getattr(out, attr):
-                records.append((topic, record["parent_id"].encode(), encode(record_name, record)))
-        for release in out.releases:
-            key = (release["dimension"], release["destination"])
-            self.released[key] = self.released.get(key, 0) + release["quantity"]
-        out.clear()
+        result = self.fold.apply(event, offset, self.out, ledger_tick)
+        self._encode_outputs(self.out, self.records, self.released)
         self.results += 1
         return result
 

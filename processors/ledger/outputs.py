@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
+
+from branch_settlement.schemas import native
 
 # Output record lists of `Outputs`, the topic (logical name) each goes to, and its Avro record name: the one
 # routing table, from which the processor's producer, the cross-check, the simulations and the benchmarks derive.
@@ -46,3 +49,27 @@ class Outputs:
 
     def count(self) -> int:
         return len(self.results) + len(self.releases) + len(self.audits) + len(self.settled) + len(self.revocations)
+
+
+def output_encoder(codec) -> Callable[[Outputs, list, dict], None]:
+    """`encode(out, records, released)`, as the processor buffers a folded event's outputs: each of `out`'s
+    records, route by route, appended to `records` as (topic, the parent id's UTF-8, the record encoded by `codec`);
+    each release's quantity added to `released` under (dimension, destination); then `out` cleared. Compiled
+    (native/src/outputs.rs) when the codec is, with the same bytes."""
+    writers = codec.plain_encoders()
+    if codec.implementation == native.COMPILED and all(
+            isinstance(writers[name], native.module().Encoder) for _, _, name in OUTPUT_ROUTES):
+        return native.module().OutputEncoder([(attr, topic, name, writers[name]) for attr, topic, name in OUTPUT_ROUTES],
+                                             codec.encode)
+    encode = codec.encode
+
+    def encode_outputs(out: Outputs, records: list, released: dict) -> None:
+        for attr, topic, record_name in OUTPUT_ROUTES:
+            for record in getattr(out, attr):
+                records.append((topic, record["parent_id"].encode(), encode(record_name, record)))
+        for release in out.releases:
+            key = (release["dimension"], release["destination"])
+            released[key] = released.get(key, 0) + release["quantity"]
+        out.clear()
+
+    return encode_outputs

@@ -402,3 +402,30 @@ def test_a_compiled_fold_and_its_view_are_freed_without_the_collector(compiled):
 @given(data=st.binary(max_size=64))
 def test_the_compiled_murmur2_is_kafkas(compiled, data):
     assert native.module().murmur2(data) == murmur2(data)
+
+
+def test_a_folded_events_outputs_are_buffered_alike(compiled, python):
+    """processors/ledger/outputs.output_encoder, compiled (native/src/outputs.rs) against the Python loop: the same
+    (topic, key, bytes) in the same order, the same released totals, and `out` cleared; a record only fastavro
+    encodes (a float for a long) goes to Codec.encode alike."""
+    import copy
+
+    from branch_settlement.processors.ledger.outputs import output_encoder
+    encoders = {codec.implementation: output_encoder(codec) for codec in (compiled, python)}
+    assert type(encoders[native.COMPILED]).__name__ == "OutputEncoder"
+    events = [python.event_from_json(r) for r in Generator(7).generate(2000) if not isinstance(r, str)]
+    view = open_view(MemoryStore(), python)
+    fold, out = Fold(view, implementation=native.PYTHON), Outputs()
+    buffered = {implementation: ([], {}) for implementation in encoders}
+    odd = None
+    for offset, event in enumerate(events):
+        fold.apply(event, offset, out)
+        if offset >= 100 and out.audits and not odd:
+            out.audits[0]["lease_generation"] = odd = 5.0
+        for implementation, encode in encoders.items():
+            copied = copy.deepcopy(out)
+            encode(copied, *buffered[implementation])
+            assert copied.count() == 0
+        out.clear()
+    assert buffered[native.COMPILED] == buffered[native.PYTHON]
+    assert odd and len(buffered[native.PYTHON][0]) > 2 * len(events) and buffered[native.PYTHON][1]

@@ -1,0 +1,85 @@
+//! The outputs of one folded event, encoded as the processor buffers them: what `output_encoder`
+//! (processors/ledger/outputs.py) does in Python, with the compiled writers called here instead of through Python.
+//! A record a writer leaves to fastavro (NotPlain) is encoded by `Codec.encode`, as there.
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+
+use crate::{write, Encoder, NotPlain};
+
+struct Route {
+    attr: Py<PyString>,
+    topic: Py<PyString>,
+    name: Py<PyString>,
+    encoder: Py<Encoder>,
+}
+
+/// `(out, records, released)`: each of `out`'s records, route by route, appended to `records` as (topic, the
+/// parent id's UTF-8, the record's encoding); each release's quantity added to `released` under (dimension,
+/// destination); then `out` cleared.
+#[pyclass(frozen, module = "branch_settlement_native")]
+pub struct OutputEncoder {
+    routes: Vec<Route>,
+    encode: Py<PyAny>,
+}
+
+#[pymethods]
+impl OutputEncoder {
+    /// `routes`: (Outputs attribute, topic, record name, the compiled writer of that record) in the order
+    /// outputs.OUTPUT_ROUTES gives; `encode`: Codec.encode, for what a writer leaves to fastavro.
+    #[new]
+    fn new(routes: &Bound<'_, PyList>, encode: Py<PyAny>) -> PyResult<Self> {
+        let mut built = Vec::new();
+        for route in routes.iter() {
+            let route = route.downcast::<PyTuple>()?;
+            built.push(Route {
+                attr: route.get_item(0)?.downcast_into::<PyString>()?.unbind(),
+                topic: route.get_item(1)?.downcast_into::<PyString>()?.unbind(),
+                name: route.get_item(2)?.downcast_into::<PyString>()?.unbind(),
+                encoder: route.get_item(3)?.downcast_into::<Encoder>()?.unbind(),
+            });
+        }
+        Ok(OutputEncoder { routes: built, encode })
+    }
+
+    fn __call__(&self, py: Python<'_>, out: &Bound<'_, PyAny>, records: &Bound<'_, PyList>,
+                released: &Bound<'_, PyDict>) -> PyResult<()> {
+        let mut buffer = Vec::with_capacity(512);
+        for route in &self.routes {
+            let list = out.getattr(route.attr.bind(py))?.downcast_into::<PyList>()?;
+            if list.is_empty() {
+                continue;
+            }
+            let encoder = route.encoder.get();
+            for record in list.iter() {
+                let parent_id = record.get_item(intern!(py, "parent_id"))?;
+                let key = match parent_id.downcast::<PyString>().map(|id| id.to_str()) {
+                    Ok(Ok(id)) => PyBytes::new(py, id.as_bytes()).into_any(),
+                    _ => parent_id.call_method0(intern!(py, "encode"))?, // whatever str.encode says of it
+                };
+                buffer.clear();
+                buffer.extend_from_slice(&encoder.header);
+                let value = match write(&encoder.root, &record, &mut buffer) {
+                    Ok(()) => PyBytes::new(py, &buffer).into_any(),
+                    Err(NotPlain) => self.encode.bind(py).call1((route.name.bind(py), &record))?,
+                };
+                records.append((route.topic.bind(py), key, value))?;
+            }
+            if route.attr.bind(py).to_str()? == "releases" {
+                for release in list.iter() {
+                    let key = (release.get_item(intern!(py, "dimension"))?,
+                               release.get_item(intern!(py, "destination"))?);
+                    let quantity = release.get_item(intern!(py, "quantity"))?;
+                    let total = match released.get_item(&key)? {
+                        Some(before) => before.add(quantity)?,
+                        None => quantity,
+                    };
+                    released.set_item(key, total)?;
+                }
+            }
+        }
+        out.call_method0(intern!(py, "clear"))?;
+        Ok(())
+    }
+}
