@@ -1168,7 +1168,7 @@ struct Env {
 
 /// The compiled per-event path of one `Fold` (processors/ledger/fold.py), which it calls back for every event it
 /// does not compile.
-#[pyclass(module = "branch_settlement_native", unsendable)]
+#[pyclass(frozen, module = "branch_settlement_native")]
 pub struct FoldCore {
     env: Env,
     // The fold's, fixed when it is made: its view (with the view's cache and changes), partition and partitions.
@@ -1178,7 +1178,7 @@ pub struct FoldCore {
     sizes: Py<PyDict>,
     store: Py<PyAny>,
     decode: Py<PyAny>,
-    digests: std::cell::OnceCell<Py<PyDict>>,
+    digests: pyo3::sync::GILOnceCell<Py<PyDict>>,
     partition: Py<PyAny>,
     partition_number: i64,
     partitions: Option<u32>,
@@ -1218,7 +1218,7 @@ impl FoldCore {
             sizes: view.getattr("_sizes")?.downcast_into::<PyDict>()?.unbind(),
             store: view.getattr("store")?.unbind(),
             decode: view.getattr("_decode")?.unbind(),
-            digests: std::cell::OnceCell::new(),
+            digests: pyo3::sync::GILOnceCell::new(),
             view: view.unbind(),
             partition_number: partition.extract()?,
             partition: partition.unbind(),
@@ -1352,11 +1352,11 @@ impl FoldCore {
     /// digests are the Python ones, fold.py's payload_digest.
     fn digest<'py>(&self, ctx: &Ctx<'py>) -> PyResult<Bound<'py, PyAny>> {
         let py = ctx.py;
-        if self.digests.get().is_none() {
-            let writers = self.env.digest_writers.bind(py).call0()?.downcast_into::<PyDict>()?.unbind();
-            let _ = self.digests.set(writers);
-        }
-        let writers = self.digests.get().expect("set above").bind(py);
+        let writers = self.digests
+            .get_or_try_init(py, || -> PyResult<Py<PyDict>> {
+                Ok(self.env.digest_writers.bind(py).call0()?.downcast_into::<PyDict>()?.unbind())
+            })?
+            .bind(py);
         if let Some(writer) = writers.get_item(&ctx.etype)? {
             if let Ok(writer) = writer.downcast::<crate::SortedJsonDigest>() {
                 if let Some(digest) = writer.get().digest(py, &ctx.event) {

@@ -429,3 +429,19 @@ def test_a_folded_events_outputs_are_buffered_alike(compiled, python):
         out.clear()
     assert buffered[native.COMPILED] == buffered[native.PYTHON]
     assert odd and len(buffered[native.PYTHON][0]) > 2 * len(events) and buffered[native.PYTHON][1]
+
+
+def test_a_compiled_fold_may_be_dropped_on_another_thread(compiled):
+    """The fault simulation, and a processor's client threads, drop folds made elsewhere."""
+    import sys
+    import threading
+    caught = []
+    hook, sys.unraisablehook = sys.unraisablehook, caught.append
+    try:
+        holder = [Fold(open_view(MemoryStore(), compiled), implementation=native.COMPILED)]
+        thread = threading.Thread(target=holder.clear)
+        thread.start()
+        thread.join()
+    finally:
+        sys.unraisablehook = hook
+    assert not holder and not caught, caught
