@@ -56,8 +56,10 @@ def output_encoder(codec) -> Callable[[Outputs, list, dict], None]:
     records, route by route, appended to `records` as (topic, the parent id's UTF-8, the record encoded by `codec`);
     each release's quantity added to `released` under (dimension, destination); then `out` cleared. Compiled
     (native/src/outputs.rs) when the codec is, with the same bytes."""
+    from branch_settlement.schemas.codec import Codec
     writers = codec.plain_encoders()
-    if codec.implementation == native.COMPILED and all(
+    # Compiled only where `encode` is the codec's own: a ConfluentCodec frames its external records otherwise.
+    if codec.implementation == native.COMPILED and type(codec).encode is Codec.encode and all(
             isinstance(writers[name], native.module().Encoder) for _, _, name in OUTPUT_ROUTES):
         return native.module().OutputEncoder([(attr, topic, name, writers[name]) for attr, topic, name in OUTPUT_ROUTES],
                                              codec.encode)

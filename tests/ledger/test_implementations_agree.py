@@ -445,3 +445,24 @@ def test_a_compiled_fold_may_be_dropped_on_another_thread(compiled):
     finally:
         sys.unraisablehook = hook
     assert not holder and not caught, caught
+
+
+def test_a_codec_that_encodes_its_own_way_buffers_outputs_its_own_way():
+    """A ConfluentCodec frames the records others read: the compiled buffering (single-object writers) is not used
+    for it, and what is buffered is its frames."""
+    from branch_settlement.processors.ledger.outputs import output_encoder
+    from branch_settlement.schemas.confluent import ConfluentCodec
+
+    class Framing(Codec):
+        def encode(self, name, record):
+            return b"\x00framed" + super().encode(name, record)
+
+    codec = Framing(implementation=native.COMPILED)
+    assert ConfluentCodec.encode is not Codec.encode
+    encode = output_encoder(codec)
+    assert type(encode).__name__ != "OutputEncoder"
+    view = open_view(MemoryStore(), codec)
+    out, records = Outputs(), []
+    Fold(view).apply(example("worked-example.jsonl", codec)[0], 0, out)
+    encode(out, records, {})
+    assert records and all(value.startswith(b"\x00framed") for _, _, value in records)
