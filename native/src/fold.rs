@@ -544,13 +544,12 @@ impl<'py> Ctx<'py> {
                 true
             }
             None => {
-                self.touched.push((parent_id, parent.clone()));
+                self.touched.push((parent_id.clone(), parent.clone()));
                 true
             }
         };
         if put {
-            let key = record_key(KEY_PARENT, &[&item(parent, intern!(py, "parent_id"))?])?;
-            self.put(key, intern!(py, PARENT_RECORD), parent)?;
+            self.put(record_key(KEY_PARENT, &[&parent_id])?, intern!(py, PARENT_RECORD), parent)?;
         }
         if let Some(child) = child {
             if !self.touched_children.iter().any(|c| c.is(child)) {
@@ -598,7 +597,7 @@ fn set_state<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound
     let py = ctx.py;
     let old_state = state_of(child)?;
     let old_state = old_state.to_str()?;
-    let old_term = holding_term(&old_state);
+    let old_term = holding_term(old_state);
     let new_term = holding_term(new_state);
     if let (Some(old_term), Some(new_term)) = (old_term, new_term) {
         if old_term != new_term {
@@ -613,18 +612,18 @@ fn set_state<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound
             }
         }
     }
-    let (was_live, now_live) = (is_live(&old_state), is_live(new_state));
+    let (was_live, now_live) = (is_live(old_state), is_live(new_state));
     if was_live && !now_live {
         add(parent, intern!(py, "live_children"), -1)?;
     } else if now_live && !was_live {
         add(parent, intern!(py, "live_children"), 1)?;
     }
-    if is_settled(new_state) && !is_settled(&old_state) {
+    if is_settled(new_state) && !is_settled(old_state) {
         add(parent, intern!(py, "open_children"), -1)?;
     }
     child.set_item(intern!(py, "state"), state_name(py, new_state))?;
     let parent_id = item(parent, intern!(py, "parent_id"))?;
-    ctx.audit(&parent_id, Some(child), &old_state, new_state, note, None, None)?;
+    ctx.audit(&parent_id, Some(child), old_state, new_state, note, None, None)?;
     ctx.touch(parent, Some(child))
 }
 
@@ -656,7 +655,8 @@ fn commit_usage<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bo
                      delta: &Bound<'py, PyDict>) -> PyResult<()> {
     let py = ctx.py;
     let state = state_of(child)?;
-    let term = holding_term(state.to_str()?);
+    let state = state.to_str()?; // unchanged by the loop below (the child's state moves only in set_state)
+    let term = holding_term(state);
     let dims = sub_dict(parent, intern!(py, "dimensions"))?;
     let consumed = sub_dict(child, intern!(py, "consumed"))?;
     let parent_id = item(parent, intern!(py, "parent_id"))?;
@@ -681,9 +681,7 @@ fn commit_usage<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bo
             None => 0,
         };
         consumed.set_item(&dim, already + quantity)?;
-        let state = state_of(child)?;
-    let state = state.to_str()?;
-        ctx.audit(&parent_id, Some(child), &state, &state, &note, Some(&dim), Some(quantity))?;
+        ctx.audit(&parent_id, Some(child), state, state, &note, Some(&dim), Some(quantity))?;
     }
     ctx.touch(parent, Some(child))
 }
@@ -704,7 +702,7 @@ fn release_remainder<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child
     let py = ctx.py;
     let state = state_of(child)?;
     let state = state.to_str()?;
-    let term = holding_term(&state);
+    let term = holding_term(state);
     let dims = sub_dict(parent, intern!(py, "dimensions"))?;
     let parent_id = item(parent, intern!(py, "parent_id"))?;
     let mut returned = false;
@@ -723,7 +721,7 @@ fn release_remainder<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child
         if kind.downcast::<PyString>()?.to_str()? == PHYSICAL {
             add(&balance, intern!(py, "awaiting_confirmation"), quantity)?;
             sub_dict(child, intern!(py, "awaiting"))?.set_item(&dim, quantity)?;
-            ctx.audit(&parent_id, Some(child), &state, &state, &format!("{reason}: awaiting scheduler confirmation"),
+            ctx.audit(&parent_id, Some(child), state, state, &format!("{reason}: awaiting scheduler confirmation"),
                       Some(&dim), Some(quantity))?;
             continue;
         }
@@ -750,8 +748,8 @@ fn usage_delta<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bou
         };
         if quantity < already {
             let state = state_of(child)?;
-    let state = state.to_str()?;
-            ctx.audit(&parent_id, Some(child), &state, &state,
+            let state = state.to_str()?;
+            ctx.audit(&parent_id, Some(child), state, state,
                       &format!("reported total {quantity} is below committed usage {already}: committed usage is \
                                 never reversed"), Some(&dim), Some(quantity))?;
         }
@@ -894,10 +892,10 @@ fn escalate<'py>(ctx: &Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound<'py,
             let note = format!("escalation ({code}): usage reported but not committed: {detail}");
             for (_, dim) in sorted_keys(&usage)? {
                 let quantity: i64 = usage.get_item(&dim)?.expect("a key of the dict").extract()?;
-                ctx.audit(&parent_id, Some(child), &state, &state, &note, Some(&dim), Some(quantity))?;
+                ctx.audit(&parent_id, Some(child), state, state, &note, Some(&dim), Some(quantity))?;
             }
         }
-        None => ctx.audit(&parent_id, Some(child), &state, &state, &format!("escalation ({code}): {detail}"),
+        None => ctx.audit(&parent_id, Some(child), state, state, &format!("escalation ({code}): {detail}"),
                           None, None)?,
     }
     reject(code, detail)
@@ -925,7 +923,7 @@ fn held_child<'py>(ctx: &Ctx<'py>, core: &Env) -> Step<(Bound<'py, PyDict>, Boun
     check_attempt(ctx, &parent, &child, &ctx.field(intern!(py, "attempt_id"))?)?;
     let state = state_of(&child)?;
     let state = state.to_str()?;
-    if is_settled(&state) {
+    if is_settled(state) {
         let child_id = item(&child, intern!(py, "child_id"))?;
         return reject(ALREADY_SETTLED, format!("child {} is {state}", repr(&child_id)?));
     }
@@ -948,7 +946,7 @@ fn report_target<'py>(ctx: &Ctx<'py>, core: &Env) -> Step<(Bound<'py, PyDict>, B
         escalate(ctx, &parent, &child, STALE_LEASE_GENERATION,
                  format!("lease generation {generation} superseded by {held}"))?;
     }
-    if generation > held && is_pending(&state) {
+    if generation > held && is_pending(state) {
         escalate(ctx, &parent, &child, INVALID_TRANSITION,
                  format!("lease generation {generation} is unknown to the ledger ({held}) and the child is in \
                           reconciliation"))?;
@@ -963,14 +961,14 @@ fn adopt_report<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bo
     if generation > int(child, intern!(py, "lease_generation"))? {
         child.set_item(intern!(py, "lease_generation"), generation)?;
         let state = state_of(child)?;
-    let state = state.to_str()?;
+        let state = state.to_str()?;
         let parent_id = item(parent, intern!(py, "parent_id"))?;
-        ctx.audit(&parent_id, Some(child), &state, &state, "implied lease renewal", None, None)?;
+        ctx.audit(&parent_id, Some(child), state, state, "implied lease renewal", None, None)?;
     }
     if !item(child, intern!(py, "activated"))?.is_truthy()? {
         child.set_item(intern!(py, "activated"), true)?;
         let prior = state_of(child)?;
-    let prior = prior.to_str()?;
+        let prior = prior.to_str()?;
         let new_state = if prior == RESERVED { ACTIVATED } else { prior };
         set_state(ctx, parent, child, new_state, "implied activation")?;
     }
@@ -1087,7 +1085,7 @@ fn child_activated<'py>(ctx: &mut Ctx<'py>, core: &Env) -> Step<()> {
     let state = state_of(&child)?;
     let state = state.to_str()?;
     let child_id = item(&child, intern!(py, "child_id"))?;
-    if is_settled(&state) || is_pending(&state) {
+    if is_settled(state) || is_pending(state) {
         return reject(DISPATCH_FENCED, format!("child {} is {state}", repr(&child_id)?));
     }
     check_attempt(ctx, &parent, &child, &ctx.field(intern!(py, "attempt_id"))?)?;

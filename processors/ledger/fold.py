@@ -91,8 +91,12 @@ def _digest_writers() -> dict:
 _DIGESTS: dict | None = None
 
 
+def _digests() -> dict:
+    return _DIGESTS or _digest_writers()  # a bad SETTLE_IMPLEMENTATION: its ConfigError, not a slow path
+
+
 def payload_digest(event: dict) -> bytes:
-    writers = _DIGESTS or _digest_writers()  # a bad SETTLE_IMPLEMENTATION: its ConfigError, not a slow path
+    writers = _digests()
     try:
         digest = writers[event["type"]](event)
     except Exception:  # not an event of a known type: json.dumps below says what it is
@@ -188,7 +192,7 @@ def _core_env() -> dict:
                     NEW_RECORD_BYTES=ledger_view._NEW_RECORD_BYTES, ENTRY_BYTES=ledger_view._ENTRY_BYTES)
     return {"contract": contract, "payload_digest": payload_digest, "closed_detail": handlers._closed_detail,
             "raise_violation": _raise_violation, "event_context": EventContext,
-            "digest_writers": lambda: _DIGESTS or _digest_writers(), "decoded_size": ledger_view.decoded_size}
+            "digest_writers": _digests, "decoded_size": ledger_view.decoded_size}
 
 
 class Fold:
