@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from branch_settlement.schemas import native
+from branch_settlement.schemas.codec import Codec
 
 # Output record lists of `Outputs`, the topic (logical name) each goes to, and its Avro record name: the one
 # routing table, from which the processor's producer, the cross-check, the simulations and the benchmarks derive.
@@ -51,12 +52,11 @@ class Outputs:
         return len(self.results) + len(self.releases) + len(self.audits) + len(self.settled) + len(self.revocations)
 
 
-def output_encoder(codec) -> Callable[[Outputs, list, dict], None]:
+def output_encoder(codec: Codec) -> Callable[[Outputs, list, dict], None]:
     """`encode(out, records, released)`, as the processor buffers a folded event's outputs: each of `out`'s
     records, route by route, appended to `records` as (topic, the parent id's UTF-8, the record encoded by `codec`);
     each release's quantity added to `released` under (dimension, destination); then `out` cleared. Compiled
     (native/src/outputs.rs) when the codec is, with the same bytes."""
-    from branch_settlement.schemas.codec import Codec
     writers = codec.plain_encoders()
     # Compiled only where `encode` is the codec's own: a ConfluentCodec frames its external records otherwise.
     if codec.implementation == native.COMPILED and type(codec).encode is Codec.encode and all(
