@@ -162,6 +162,16 @@ class Codec:
         raises NotPlain for what only fastavro encodes, which `encode` then does."""
         return dict(self._encoders)
 
+    def compiled_event_readers(self) -> dict[bytes, Any]:
+        """Per writer fingerprint, the compiled reader `decode_event` tries first for a single-object event (the
+        compiled codec's, native/src/lib.rs `Decoder`); empty for the Python codec, and for a codec whose
+        `decode_event` is its own."""
+        if self.implementation != native.COMPILED or type(self).decode_event is not Codec.decode_event:
+            return {}
+        decoder = native.module().Decoder
+        return {fingerprint: reader for fingerprint, reader in self._fast_event_readers.items()
+                if isinstance(reader, decoder)}
+
     def _encode_with_fastavro(self, name: str, header: bytes, record: dict[str, Any]) -> bytes:
         """fastavro's encoding: what it accepts beyond plain values (a float for a long, a missing field with
         a default, a tuple for an array ...), and the error for what nobody can encode."""

@@ -1233,7 +1233,7 @@ impl FoldCore {
     }
 
     /// Fold.apply, of `fold` (the Fold that made this core: its `_apply` takes what is not compiled here)
-    fn apply<'py>(&self, py: Python<'py>, fold: &Bound<'py, PyAny>, event: &Bound<'py, PyAny>,
+    pub(crate) fn apply<'py>(&self, py: Python<'py>, fold: &Bound<'py, PyAny>, event: &Bound<'py, PyAny>,
                   offset: &Bound<'py, PyAny>, out: &Bound<'py, PyAny>, ledger_tick: bool)
                   -> PyResult<Bound<'py, PyAny>> {
         let delegate = || fold.call_method1(intern!(py, "_apply"), (event, offset, out, ledger_tick));
@@ -1310,6 +1310,11 @@ impl FoldCore {
 }
 
 impl FoldCore {
+    /// LedgerView.change_count: the records the next checkpoint writes.
+    pub(crate) fn change_count(&self, py: Python<'_>) -> usize {
+        self.dirty.bind(py).len()
+    }
+
     /// Fold._apply_once: (result code, detail)
     fn apply_once<'py>(&self, ctx: &mut Ctx<'py>, parent_id: &Bound<'py, PyAny>) -> Step<(&'static str, String)> {
         let py = ctx.py;

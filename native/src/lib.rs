@@ -14,6 +14,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString, PyTuple, PyType};
 
+mod batch;
 mod fold;
 mod outputs;
 
@@ -669,7 +670,8 @@ fn branch_settlement_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SortedJsonDigest>()?;
     m.add_class::<fold::FoldCore>()?;
     m.add_class::<outputs::OutputEncoder>()?;
+    m.add_class::<batch::MessageFolder>()?;
     m.add_function(wrap_pyfunction!(fold::murmur2_py, m)?)?;
-    m.add("PLAN_VERSION", 2)?;
+    m.add("PLAN_VERSION", 3)?;
     Ok(())
 }

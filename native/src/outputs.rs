@@ -43,7 +43,7 @@ impl OutputEncoder {
         Ok(OutputEncoder { routes: built, encode })
     }
 
-    fn __call__(&self, py: Python<'_>, out: &Bound<'_, PyAny>, records: &Bound<'_, PyList>,
+    pub(crate) fn __call__(&self, py: Python<'_>, out: &Bound<'_, PyAny>, records: &Bound<'_, PyList>,
                 released: &Bound<'_, PyDict>) -> PyResult<()> {
         let mut buffer = Vec::with_capacity(512);
         for route in &self.routes {

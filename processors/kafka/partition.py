@@ -11,6 +11,7 @@ from branch_settlement.processors.ledger.outputs import DEAD_LETTER_TOPIC, Outpu
 from branch_settlement.projections import keys, model
 from branch_settlement.projections.store import RocksStore
 from branch_settlement.projections.view import LedgerView
+from branch_settlement.schemas import native
 from branch_settlement.schemas.codec import Codec
 from branch_settlement.processors.kafka.errors import ProjectionsNotFound
 from branch_settlement.processors.kafka.ticks import TICKS_TOPIC, anchor_key
@@ -102,6 +103,18 @@ class PartitionTask:
         self._encode_outputs(self.out, self.records, self.released)
         self.results += 1
         return result
+
+    def fast_parts(self) -> tuple | None:
+        """What the compiled per-message loop (native/src/batch.rs) folds this partition's events with: (this task,
+        its fold, the fold's compiled core, its Outputs, its compiled output encoder). None where any of them is
+        Python, or `apply` or the fold's is not the class's own (a simulation or a profile replaced it): then
+        every event goes through `apply`."""
+        fold, encoder = self.fold, self._encode_outputs
+        core = getattr(fold, "_core", None)
+        if (core is None or type(self).apply is not _APPLY or "apply" in vars(self) or type(fold).apply is not Fold.apply
+                or "apply" in vars(fold) or not isinstance(encoder, native.module().OutputEncoder)):
+            return None
+        return self, fold, core, self.out, encoder
 
     def fold_tick(self, tick: dict) -> dict:
         """Fold one of the processor's own ticks here, before the next input offset, and buffer it for
@@ -209,6 +222,10 @@ class PartitionTask:
                 parent = self.codec.decode(value)[1]
                 self._add(self.capacity, parent, 1)
                 self._track_loans(parent)
+
+
+# PartitionTask's own apply, as defined here: fast_parts tells it from one a profile put in its place.
+_APPLY = PartitionTask.apply
 
 
 def delete_store(state_dir: str, group_id: str, partition: int) -> None:

@@ -43,18 +43,29 @@ STATISTICS_INTERVAL_MS = 10_000
 
 
 class EventCounters:
-    """The events counter per result code, each child looked up once: labels() costs a lock and a lookup,
-    too much for every event."""
+    """The events counter per result code. Events are counted in `pending` (a plain dict: result code -> events)
+    and added to the counter once per loop step by `flush`: a counter's inc() takes a lock, too much for every
+    event. Each counter child is looked up once: labels() costs a lock and a lookup too."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
         self._counters: dict = {}
+        self.pending: dict[str, int] = {}
 
     def count(self, code: str) -> None:
-        counter = self._counters.get(code)
-        if counter is None:
-            counter = self._counters[code] = self._metrics.events.labels(code)
-        counter.inc()
+        pending = self.pending
+        pending[code] = pending.get(code, 0) + 1
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        counters = self._counters
+        for code, events in self.pending.items():
+            counter = counters.get(code)
+            if counter is None:
+                counter = counters[code] = self._metrics.events.labels(code)
+            counter.inc(events)
+        self.pending.clear()
 
 
 def record_checkpoint(metrics: Metrics, committed: bool, elapsed: float) -> None:
