@@ -254,19 +254,22 @@ fn plain_id(value: &Bound<'_, PyAny>, limit: usize) -> bool {
     }
 }
 
-fn id_fields(etype: &str) -> &'static [&'static str] {
+/// The identifier fields validation checks of an event of `etype`, as interned keys (a lookup by a key made anew
+/// would create and hash a string each time).
+fn id_fields<'py>(py: Python<'py>, etype: &str) -> [&'py Bound<'py, PyString>; 5] {
+    let (event_id, parent_id, child_id) = (intern!(py, "event_id"), intern!(py, "parent_id"), intern!(py, "child_id"));
     match etype {
-        "ChildReserved" => &["child_id", "branch_id", "attempt_id"],
-        "UsageReported" => &["child_id", "attempt_id", "usage_report_id"],
-        _ => &["child_id", "attempt_id"],
+        "ChildReserved" => [event_id, parent_id, child_id, intern!(py, "branch_id"), intern!(py, "attempt_id")],
+        "UsageReported" => [event_id, parent_id, child_id, intern!(py, "attempt_id"), intern!(py, "usage_report_id")],
+        _ => [event_id, parent_id, child_id, intern!(py, "attempt_id"), intern!(py, "attempt_id")],
     }
 }
 
 /// True only where `validation.validate` finds nothing; false means: let the Python fold decide.
 fn plainly_valid(event: &Bound<'_, PyDict>, etype: &str) -> PyResult<bool> {
     let py = event.py();
-    for field in ["event_id", "parent_id"].iter().chain(id_fields(etype)) {
-        match event.get_item(*field)? {
+    for field in id_fields(py, etype) {
+        match event.get_item(field)? {
             Some(value) if plain_id(&value, MAX_ID_BYTES) => {}
             _ => return Ok(false),
         }

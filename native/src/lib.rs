@@ -17,6 +17,7 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString, PyTuple, PyT
 mod batch;
 mod fold;
 mod outputs;
+mod produce;
 
 // Plan kinds, as codegen.py numbers them.
 const NULL: u8 = 0;
@@ -671,6 +672,7 @@ fn branch_settlement_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<fold::FoldCore>()?;
     m.add_class::<outputs::OutputEncoder>()?;
     m.add_class::<batch::MessageFolder>()?;
+    m.add_function(wrap_pyfunction!(produce::produce_records, m)?)?;
     m.add_function(wrap_pyfunction!(fold::murmur2_py, m)?)?;
     m.add("PLAN_VERSION", 3)?;
     Ok(())

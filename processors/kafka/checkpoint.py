@@ -13,6 +13,7 @@ from branch_settlement.processors.kafka.errors import KafkaFailure
 from branch_settlement.processors.kafka.partition import INPUT_POSITION_KEY, PartitionTask
 from branch_settlement.processors.ledger.outputs import OUTPUT_TOPICS
 from branch_settlement.processors.kafka.txn_guard import bounded
+from branch_settlement.schemas import native
 from branch_settlement.processors.kafka.errors import TransactionCallStuck
 from branch_settlement.processors.kafka.errors import CommitOutcomeUnknown, FatalProducerError, ProducerFenced
 
@@ -74,27 +75,51 @@ def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[i
     `report_every_record` asks for one per record, so that a record the broker refuses (too large for the
     topic) is told apart from the rest and its partition stopped, instead of the same abort again."""
     changelog = topics["ledger-changelog"]
+    produce_records = _compiled_produce()
     for task in tasks:
         p = task.partition
-        records = task.records
+        records, task_changes = task.records, changes[p]
         last = range(len(records)) if report_every_record else _last_of_each_topic(records)
+        last_change = len(task_changes) - 1
+        if produce_records is not None:  # the same calls, from native/src/produce.rs
+            failed = produce_records(producer, records, p, None if report_every_record else sorted(last),
+                                     on_delivery, topics=topics)
+            if failed is not None:
+                n, exc = failed
+                _refused(task, exc, topics[records[n][0]], p, records[n][2])
+            reported = None if report_every_record else [last_change] if task_changes else []
+            failed = produce_records(producer, task_changes, p, reported, on_delivery, topic=changelog)
+            if failed is not None:
+                n, exc = failed
+                _refused(task, exc, changelog, p, task_changes[n][1])
+            continue
         target, value = changelog, b""
         try:
             for n, (topic, key, value) in enumerate(records):
                 target = topics[topic]
                 _produce(producer, target, p, key, value, on_delivery if n in last else None)
             target = changelog
-            task_changes = changes[p]
-            last = len(task_changes) - 1
             for n, (key, value) in enumerate(task_changes):
                 _produce(producer, changelog, p, key, value,
-                         on_delivery if n == last or report_every_record else None)
+                         on_delivery if n == last_change or report_every_record else None)
         except KafkaException as exc:
-            err = _kafka_error(exc)
-            if err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                task.too_large = (f"a record of {len(value or b'')} bytes for {target}[{p}] is larger than the "
-                                  "producer accepts (its message.max.bytes)")
-            raise
+            _refused(task, exc, target, p, value)
+
+
+def _compiled_produce():
+    """native/src/produce.rs `produce_records`, where the compiled implementation is selected; else None."""
+    module = native.module()
+    return module.produce_records if module is not None and native.select() == native.COMPILED else None
+
+
+def _refused(task: PartitionTask, exc: BaseException, target: str, partition: int, value: bytes | None) -> None:
+    """A record's produce raised `exc`: a record too large for the producer stops its partition after the abort
+    (`task.too_large`); raise it."""
+    err = _kafka_error(exc) if isinstance(exc, KafkaException) else None
+    if err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        task.too_large = (f"a record of {len(value or b'')} bytes for {target}[{partition}] is larger than the "
+                          "producer accepts (its message.max.bytes)")
+    raise exc
 
 
 def _last_of_each_topic(records: list) -> set[int]:
