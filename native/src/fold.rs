@@ -1235,6 +1235,59 @@ impl FoldCore {
         })
     }
 
+    /// LedgerView.changes of the fold's view: the checkpoint's changes, encoded, in the order first made, each
+    /// cached record's size estimated again from its encoding. `writers`: the codec's compiled writer per record
+    /// name (`Codec.plain_encoders`); `encode`: Codec.encode, for a record they leave to fastavro.
+    fn changes<'py>(&self, py: Python<'py>, writers: &Bound<'py, PyDict>, encode: &Bound<'py, PyAny>)
+                    -> PyResult<Bound<'py, PyList>> {
+        let (dirty, sizes, view) = (self.dirty.bind(py), self.sizes.bind(py), self.view.bind(py));
+        let decoded_size = self.env.decoded_size.bind(py);
+        let changes = PyList::empty(py);
+        let mut buffer = Vec::with_capacity(1024);
+        let mut charged: i64 = 0;
+        let outcome = (|| -> PyResult<()> {
+            for (key, entry) in dirty.iter() {
+                if entry.is_none() {
+                    changes.append((key, py.None()))?;
+                    continue;
+                }
+                let entry = entry.downcast_into::<pyo3::types::PyTuple>()?;
+                let value = entry.get_item(1)?;
+                if value.is_exact_instance_of::<PyBytes>() {
+                    changes.append((key, value))?;
+                    continue;
+                }
+                let name = entry.get_item(0)?;
+                let writer = writers.get_item(&name)?;
+                let encoded = match writer.as_ref().and_then(|w| w.downcast::<crate::Encoder>().ok()) {
+                    Some(writer) => {
+                        let writer = writer.get();
+                        buffer.clear();
+                        buffer.extend_from_slice(&writer.header);
+                        match crate::write(&writer.root, &value, &mut buffer) {
+                            Ok(()) => PyBytes::new(py, &buffer).into_any(),
+                            Err(crate::NotPlain) => encode.call1((&name, &value))?,
+                        }
+                    }
+                    None => encode.call1((&name, &value))?,
+                };
+                if let Some(before) = sizes.get_item(&key)? {
+                    let length = encoded.len()?;
+                    let size = decoded_size.call1((&key, length))?;
+                    charged += size.extract::<i64>()? - before.extract::<i64>()?;
+                    sizes.set_item(&key, size)?;
+                }
+                changes.append((key, encoded))?;
+            }
+            Ok(())
+        })();
+        if charged != 0 {
+            let cached: i64 = view.getattr(intern!(py, "cached_bytes"))?.extract()?;
+            view.setattr(intern!(py, "cached_bytes"), cached + charged)?;
+        }
+        outcome.map(|()| changes)
+    }
+
     /// Fold.apply, of `fold` (the Fold that made this core: its `_apply` takes what is not compiled here)
     pub(crate) fn apply<'py>(&self, py: Python<'py>, fold: &Bound<'py, PyAny>, event: &Bound<'py, PyAny>,
                   offset: &Bound<'py, PyAny>, out: &Bound<'py, PyAny>, ledger_tick: bool)

@@ -51,7 +51,7 @@ def encode_checkpoint(tasks: list[PartitionTask], topics: dict[str, str]) -> tup
     changes: dict[int, list] = {}
     count = 0
     for task in tasks:
-        task_changes = task.view.changes()
+        task_changes = task.fold.changes()
         if task.position is not None:
             # The input position travels with the ledger: a restore knows how far the changelog must go.
             task_changes.append((INPUT_POSITION_KEY, b"%d" % task.position))

@@ -32,7 +32,7 @@ from branch_settlement.processors.ledger.validation import validate
 from branch_settlement.projections import keys, model
 from branch_settlement.projections import view as ledger_view
 from branch_settlement.projections.view import LedgerView
-from branch_settlement.schemas.codec import EVENT_TYPES, SCHEMA_DIR
+from branch_settlement.schemas.codec import EVENT_TYPES, SCHEMA_DIR, Codec
 from branch_settlement.schemas.registry import load_registry
 from branch_settlement.schemas.partitioning import partition_of
 from branch_settlement.schemas import limits, native
@@ -195,6 +195,17 @@ def _core_env() -> dict:
             "digest_writers": _digests, "decoded_size": ledger_view.decoded_size}
 
 
+def _change_writers(view: LedgerView) -> tuple[dict, object] | None:
+    """(the compiled writer per record name, Codec.encode) of the codec the view encodes with, for FoldCore.changes;
+    None unless the view's `encode` is a compiled Codec's own."""
+    codec = getattr(view._encode, "__self__", None)
+    if (not isinstance(codec, Codec) or codec.implementation != native.COMPILED or type(codec).encode is not Codec.encode
+            or view._encode != codec.encode):
+        return None
+    encoder = native.module().Encoder
+    return {name: w for name, w in codec.plain_encoders().items() if isinstance(w, encoder)}, codec.encode
+
+
 class Fold:
     """Applies events of one input partition to its ledger.
 
@@ -213,6 +224,14 @@ class Fold:
         self.implementation = native.select(implementation)
         self._core = (native.module().FoldCore(self, _core_env()) if self.implementation == native.COMPILED
                       else None)
+        self._change_writers = _change_writers(view) if self._core is not None else None
+
+    def changes(self) -> list:
+        """The view's changes for the checkpoint, as `LedgerView.changes` gives them: encoded by the compiled core
+        where the fold and the view's codec are compiled, else by the view."""
+        if self._change_writers is not None:
+            return self._core.changes(*self._change_writers)
+        return self.view.changes()
 
     def tick(self, event: dict, anchor: int, out: Outputs) -> dict:
         """Apply one of the processor's own Tick events, made before input offset `anchor`; as `apply`."""

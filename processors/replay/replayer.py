@@ -231,20 +231,20 @@ class Replayer:
             self.last_offset = item.offset
         self.since_checkpoint += 1
         if self.since_checkpoint >= self.checkpoint_events:
-            _checkpoint(self.view, self.store, self.last_offset)
+            _checkpoint(self.fold, self.store, self.last_offset)
             self.since_checkpoint = 0
 
     def finish(self, write_store: bool = True) -> tuple[ReplayResult, Store]:
         """The outputs and the store, with the last changes written to it; `write_store=False` when nothing
         will read the store (the topic replay comparing outputs only): the store then lacks them."""
         if write_store:
-            _checkpoint(self.view, self.store, self.last_offset)
+            _checkpoint(self.fold, self.store, self.last_offset)
         return self.result, self.store
 
 
-def _checkpoint(view: LedgerView, store: Store, offset: int) -> None:
-    store.write(view.changes(), offset)
-    view.mark_committed()
+def _checkpoint(fold: Fold, store: Store, offset: int) -> None:
+    store.write(fold.changes(), offset)
+    fold.view.mark_committed()
     # The derived outputs and the cached ledger only grow or are freed by reference counting: out of the cyclic
     # collector's sight, its collections stay short (processors/gc_tuning.py).
     gc_tuning.after_checkpoint()

@@ -268,7 +268,7 @@ def fold_bytes(codec: Codec, events: list[dict], checkpoint_events: int = 50, pa
             for attr, name in OUTPUT_RECORDS:
                 written.extend(codec.encode(name, record) for record in getattr(out, attr))
             out.clear()
-            changes = view.changes()
+            changes = fold.changes()  # the compiled core's encoding of them, for the compiled fold
             for key, value in changes:
                 written.extend((key, value or b""))
             view.store.write(changes, offset)  # the view may evict what it committed: the store has it
@@ -466,3 +466,54 @@ def test_a_codec_that_encodes_its_own_way_buffers_outputs_its_own_way():
     Fold(view).apply(example("worked-example.jsonl", codec)[0], 0, out)
     encode(out, records, {})
     assert records and all(value.startswith(b"\x00framed") for _, _, value in records)
+
+
+def test_a_checkpoints_changes_are_encoded_alike(compiled):
+    """FoldCore.changes (native/src/fold.rs) against LedgerView.changes, on twin views folded alike: the same
+    (key, bytes) in the same order, deletes and changes spilled as bytes included, and the same cache sizes
+    re-estimated; a record only fastavro encodes (a float for a long) goes to Codec.encode alike."""
+    events = [compiled.event_from_json(r) for r in Generator(11).generate(3000) if not isinstance(r, str)]
+    folds = [Fold(open_view(MemoryStore(), compiled), implementation=native.COMPILED) for _ in range(2)]
+    assert folds[0]._change_writers is not None
+    odd = spilled = deleted = 0
+    for offset, event in enumerate(events):
+        for fold in folds:
+            fold.apply(event, offset, Outputs())
+        if offset % 500 != 499:
+            continue
+        views = [fold.view for fold in folds]
+        edited = []
+        for view in views:  # the same odd edits on both: a float for a long, a spilled change, a delete
+            dirty = view._dirty
+            keys_ = [key for key, entry in dirty.items() if entry is not None and type(entry[1]) is dict]
+            child = next(key for key in keys_ if "lease_generation" in dirty[key][1])
+            dirty[child][1]["lease_generation"] = float(dirty[child][1]["lease_generation"])
+            edited.append(dirty[child][1])
+            odd += 1
+            others = [key for key in keys_ if key != child]
+            name, other = dirty[others[0]]
+            dirty[others[0]] = (name, compiled.encode(name, other))
+            spilled += 1
+            dirty[others[1]] = None
+            deleted += 1
+        got, want = folds[0].changes(), views[1].changes()
+        assert got == want
+        assert views[0]._sizes == views[1]._sizes and views[0].cached_bytes == views[1].cached_bytes
+        for record in edited:  # an int again for the events to come
+            record["lease_generation"] = int(record["lease_generation"])
+        for fold in folds:
+            fold.view.store.write(got, offset)
+            fold.view.mark_committed()
+    assert odd and spilled and deleted
+
+
+def test_a_fold_over_a_codec_that_encodes_its_own_way_leaves_its_changes_to_the_view():
+    class Framing(Codec):
+        def encode(self, name, record):
+            return b"\x00framed" + super().encode(name, record)
+
+    fold = Fold(open_view(MemoryStore(), Framing(implementation=native.COMPILED)), implementation=native.COMPILED)
+    assert fold._change_writers is None
+    fold.apply(example("worked-example.jsonl", fold.view._decode.__self__)[0], 0, Outputs())
+    changes = fold.changes()
+    assert changes and all(value.startswith(b"\x00framed") for _, value in changes if value is not None)
