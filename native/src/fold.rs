@@ -164,6 +164,22 @@ fn presized(py: Python<'_>, size: isize) -> PyResult<Bound<'_, PyDict>> {
     unsafe { Ok(Bound::from_owned_ptr_or_err(py, pyo3::ffi::_PyDict_NewPresized(size))?.downcast_into_unchecked()) }
 }
 
+/// Every result code the core gives.
+const CODES: [&str; 17] = [OK, DUPLICATE, IDEMPOTENCY_CONFLICT, OVERDRAWN, EXCEEDS_AVAILABLE, FANOUT_EXCEEDED,
+                           INVALID_TRANSITION, DISPATCH_FENCED, STALE_LEASE_GENERATION, SUPERSEDED_ATTEMPT,
+                           UNKNOWN_PARENT, UNKNOWN_CHILD, PARENT_CLOSED_CODE, ALREADY_SETTLED, INVALID_EVENT,
+                           DUPLICATE_USAGE_REPORT, LIMIT_EXCEEDED];
+static CODE_NAMES: pyo3::sync::GILOnceCell<Vec<Py<PyString>>> = pyo3::sync::GILOnceCell::new();
+
+/// A result code as a Python string, made once per code (every event's result and idempotency record name one).
+fn code_name<'py>(py: Python<'py>, code: &str) -> Bound<'py, PyString> {
+    let names = CODE_NAMES.get_or_init(py, || CODES.iter().map(|c| PyString::intern(py, c).unbind()).collect());
+    match CODES.iter().position(|c| *c == code) {
+        Some(n) => names[n].bind(py).clone(),
+        None => PyString::new(py, code),
+    }
+}
+
 /// A state's name as a Python string: the interned one for the ledger's states (most audit records name two).
 fn state_name<'py>(py: Python<'py>, state: &str) -> Bound<'py, PyString> {
     let interned = match state {
@@ -1354,8 +1370,12 @@ impl FoldCore {
         result.set_item(intern!(py, "parent_id"), &parent_id)?;
         result.set_item(intern!(py, "child_id"), event_dict.get_item(intern!(py, "child_id"))?)?;
         result.set_item(intern!(py, "event_type"), &etype)?;
-        result.set_item(intern!(py, "result"), code)?;
-        result.set_item(intern!(py, "detail"), detail)?;
+        result.set_item(intern!(py, "result"), code_name(py, code))?;
+        if detail.is_empty() {
+            result.set_item(intern!(py, "detail"), intern!(py, ""))?;
+        } else {
+            result.set_item(intern!(py, "detail"), detail)?;
+        }
         result.set_item(intern!(py, "input_partition"), &ctx.partition)?;
         result.set_item(intern!(py, "input_offset"), offset)?;
         result.set_item(intern!(py, "ledger_time_ms"), ctx.now_ms)?;
@@ -1401,7 +1421,7 @@ impl FoldCore {
         let record = presized(py, 4)?;
         record.set_item(intern!(py, "payload_digest"), digest.downcast::<PyBytes>().map_err(PyErr::from)?)?;
         record.set_item(intern!(py, "event_type"), &ctx.etype)?;
-        record.set_item(intern!(py, "result"), code)?;
+        record.set_item(intern!(py, "result"), code_name(py, code))?;
         record.set_item(intern!(py, "event_id"), &ctx.event_id)?;
         ctx.put_idempotency(parent_id, &record)?;
         Ok((code, String::new()))

@@ -19,7 +19,6 @@ pub fn produce_records<'py>(py: Python<'py>, producer: &Bound<'py, PyAny>, recor
                             topics: Option<&Bound<'py, PyDict>>, topic: Option<&Bound<'py, PyAny>>)
                             -> PyResult<Option<Bound<'py, PyTuple>>> {
     let produce = producer.getattr(intern!(py, "produce"))?;
-    let poll = producer.getattr(intern!(py, "poll"))?;
     let mut reported = report.as_deref().unwrap_or(&[]).iter().peekable();
     for (n, record) in records.iter().enumerate() {
         let record = record.downcast_into::<PyTuple>()?;
@@ -50,7 +49,7 @@ pub fn produce_records<'py>(py: Python<'py>, producer: &Bound<'py, PyAny>, recor
             match outcome {
                 Ok(_) => break,
                 Err(err) if err.is_instance_of::<PyBufferError>(py) => {
-                    poll.call1((0.05,))?; // the local queue is full: let deliveries drain
+                    producer.call_method1(intern!(py, "poll"), (0.05,))?; // the local queue is full: let deliveries drain
                 }
                 Err(err) => {
                     return Ok(Some(PyTuple::new(py, [n.into_pyobject(py)?.into_any(), err.into_value(py).into_bound(py).into_any()])?));
