@@ -1380,7 +1380,12 @@ impl FoldCore {
         result.set_item(intern!(py, "input_offset"), offset)?;
         result.set_item(intern!(py, "ledger_time_ms"), ctx.now_ms)?;
         out_list(intern!(py, "results"))?.append(&result)?;
-        view.call_method0(intern!(py, "end_event"))?;
+        // LedgerView.end_event trims the cache once it holds more than the view's share: asked only then.
+        let cached: i64 = view.getattr(intern!(py, "cached_bytes"))?.extract()?;
+        let share: i64 = view.getattr(intern!(py, "_budget"))?.getattr(intern!(py, "share"))?.extract()?;
+        if cached > share {
+            view.call_method0(intern!(py, "end_event"))?;
+        }
         Ok(result.into_any())
     }
 }

@@ -17,7 +17,7 @@ struct Route {
 
 /// `(out, records, released)`: each of `out`'s records, route by route, appended to `records` as (topic, the
 /// parent id's UTF-8, the record's encoding); each release's quantity added to `released` under (dimension,
-/// destination); then `out` cleared.
+/// destination); then `out` cleared (its route lists, which are those Outputs.clear clears).
 #[pyclass(frozen, module = "branch_settlement_native")]
 pub struct OutputEncoder {
     routes: Vec<Route>,
@@ -46,11 +46,13 @@ impl OutputEncoder {
     pub(crate) fn __call__(&self, py: Python<'_>, out: &Bound<'_, PyAny>, records: &Bound<'_, PyList>,
                 released: &Bound<'_, PyDict>) -> PyResult<()> {
         let mut buffer = Vec::with_capacity(512);
+        let mut taken = Vec::with_capacity(self.routes.len());
         for route in &self.routes {
             let list = out.getattr(route.attr.bind(py))?.downcast_into::<PyList>()?;
             if list.is_empty() {
                 continue;
             }
+            taken.push(list.clone());
             let encoder = route.encoder.get();
             for record in list.iter() {
                 let parent_id = record.get_item(intern!(py, "parent_id"))?;
@@ -79,7 +81,10 @@ impl OutputEncoder {
                 }
             }
         }
-        out.call_method0(intern!(py, "clear"))?;
+        // Outputs.clear: the routes name every list it clears; those that were empty are left as they are.
+        for list in taken {
+            list.del_slice(0, list.len())?;
+        }
         Ok(())
     }
 }

@@ -44,7 +44,7 @@ def fold_partitioned(budget: CacheBudget | None, stores: list, events: int = 300
             for attr, name in OUTPUT_RECORDS:
                 encoded.extend((p, name, codec.encode(name, record)) for record in getattr(outs[p], attr))
             outs[p].clear()
-            changes.append(view.changes())
+            changes.append(folds[p].changes())  # the compiled core's encoding, where the fold is compiled
             encoded.extend((p, "change", key + b"=" + (value or b"<deleted>")) for key, value in changes[-1])
         for view in views:
             view.mark_committed()
@@ -65,10 +65,6 @@ def fold_partitioned(budget: CacheBudget | None, stores: list, events: int = 300
             checkpoint()
     checkpoint()
     return encoded, most_cached
-
-
-def ledger_bytes(store) -> list[tuple[bytes, bytes]]:
-    return [(key, value) for prefix in (b"p", b"c", b"i", b"t", b"m") for key, value in store.scan(prefix)]
 
 
 def ledger_bytes(store) -> list[tuple[bytes, bytes]]:
