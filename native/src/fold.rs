@@ -75,6 +75,9 @@ const KEY_IDEMPOTENCY: &str = "i";
 const PARENT_RECORD: &str = "LedgerParent";
 const CHILD_RECORD: &str = "LedgerChild";
 const IDEMPOTENCY_RECORD: &str = "IdempotencyRecord";
+const KEY_TIMER: &str = "t";
+const DEADLINE_DIGITS: usize = 16;
+const TIMER_RECORD: &str = "TimerRecord";
 const NEW_RECORD_BYTES: i64 = 1024;
 const ENTRY_BYTES: i64 = 400;
 
@@ -106,7 +109,11 @@ const CONTRACT: &[(&str, Value)] = &[
     ("KEY_IDEMPOTENCY", Value::S(KEY_IDEMPOTENCY)), ("PARENT_RECORD", Value::S(PARENT_RECORD)),
     ("CHILD_RECORD", Value::S(CHILD_RECORD)), ("IDEMPOTENCY_RECORD", Value::S(IDEMPOTENCY_RECORD)),
     ("NEW_RECORD_BYTES", Value::I(NEW_RECORD_BYTES)), ("ENTRY_BYTES", Value::I(ENTRY_BYTES)),
+    ("KEY_TIMER", Value::S(KEY_TIMER)), ("DEADLINE_DIGITS", Value::I(DEADLINE_DIGITS as i64)),
+    ("TIMER_RECORD", Value::S(TIMER_RECORD)),
 ];
+
+static HEAPPUSH: pyo3::sync::GILOnceCell<Py<PyAny>> = pyo3::sync::GILOnceCell::new();
 
 enum Value {
     S(&'static str),
@@ -535,14 +542,41 @@ impl<'py> Ctx<'py> {
         self.put(record_key(KEY_IDEMPOTENCY, &[parent_id, &self.key])?, intern!(self.py, IDEMPOTENCY_RECORD), record)
     }
 
+    /// LedgerView.add_timer: onto the view's heap, and its record into the changes, encoded at once. Ids that are
+    /// not exactly strings go to the view's own.
     fn add_timer(&self, deadline_ms: i64, kind: &str, parent_id: &Bound<'py, PyAny>,
                  child_id: Option<&Bound<'py, PyAny>>) -> PyResult<()> {
-        match child_id {
-            Some(child_id) => self.view.call_method1(intern!(self.py, "add_timer"),
-                                                     (deadline_ms, kind, parent_id, child_id))?,
-            None => self.view.call_method1(intern!(self.py, "add_timer"), (deadline_ms, kind, parent_id))?,
+        let py = self.py;
+        let child_id = match child_id {
+            Some(child_id) => child_id.clone(),
+            None => intern!(py, "").clone().into_any(),
         };
-        Ok(())
+        let (Ok(parent), Ok(child)) = (parent_id.downcast_exact::<PyString>(), child_id.downcast_exact::<PyString>())
+        else {
+            self.view.call_method1(intern!(py, "add_timer"), (deadline_ms, kind, parent_id, &child_id))?;
+            return Ok(());
+        };
+        let kind = match kind {
+            TIMER_CHILD_LEASE => intern!(py, "child_lease").clone(),
+            TIMER_PARENT_RETENTION => intern!(py, "parent_retention").clone(),
+            _ => PyString::new(py, kind),
+        };
+        let deadline = deadline_ms.into_pyobject(py)?;
+        let timer = pyo3::types::PyTuple::new(py, [deadline.as_any(), kind.as_any(), parent.as_any(), child.as_any()])?;
+        let heappush = HEAPPUSH.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
+            Ok(py.import("heapq")?.getattr("heappush")?.unbind())
+        })?;
+        heappush.bind(py).call1((self.view.getattr(intern!(py, "_timers"))?, &timer))?;
+        let record = presized(py, 4)?;
+        record.set_item(intern!(py, "kind"), &kind)?;
+        record.set_item(intern!(py, "deadline_ms"), &deadline)?;
+        record.set_item(intern!(py, "parent_id"), parent)?;
+        record.set_item(intern!(py, "child_id"), child)?;
+        let key = format!("{KEY_TIMER}{KEY_SEP}{deadline_ms:0width$}{KEY_SEP}{}{KEY_SEP}{}{KEY_SEP}{}", kind.to_str()?,
+                          parent.to_str()?, child.to_str()?, width = DEADLINE_DIGITS);
+        let name = intern!(py, TIMER_RECORD);
+        let encoded = self.view.getattr(intern!(py, "_encode"))?.call1((name, &record))?;
+        self.dirty.set_item(PyBytes::new(py, key.as_bytes()), (name, encoded))
     }
 
     /// accounting.touch

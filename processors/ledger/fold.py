@@ -189,7 +189,9 @@ def _core_env() -> dict:
     contract.update(KEY_SEP=keys.SEP.decode(), KEY_PARENT=keys.PARENT.decode(), KEY_CHILD=keys.CHILD.decode(),
                     KEY_IDEMPOTENCY=keys.IDEMPOTENCY.decode(), PARENT_RECORD=ledger_view.PARENT_RECORD,
                     CHILD_RECORD=ledger_view.CHILD_RECORD, IDEMPOTENCY_RECORD=ledger_view.IDEMPOTENCY_RECORD,
-                    NEW_RECORD_BYTES=ledger_view._NEW_RECORD_BYTES, ENTRY_BYTES=ledger_view._ENTRY_BYTES)
+                    NEW_RECORD_BYTES=ledger_view._NEW_RECORD_BYTES, ENTRY_BYTES=ledger_view._ENTRY_BYTES,
+                    KEY_TIMER=keys.TIMER.decode(), DEADLINE_DIGITS=keys.DEADLINE_DIGITS,
+                    TIMER_RECORD=ledger_view.TIMER_RECORD)
     return {"contract": contract, "payload_digest": payload_digest, "closed_detail": handlers._closed_detail,
             "raise_violation": _raise_violation, "event_context": EventContext,
             "digest_writers": _digests, "decoded_size": ledger_view.decoded_size}

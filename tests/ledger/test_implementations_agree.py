@@ -517,3 +517,26 @@ def test_a_fold_over_a_codec_that_encodes_its_own_way_leaves_its_changes_to_the_
     fold.apply(example("worked-example.jsonl", fold.view._decode.__self__)[0], 0, Outputs())
     changes = fold.changes()
     assert changes and all(value.startswith(b"\x00framed") for _, value in changes if value is not None)
+
+
+def test_the_compiled_core_adds_timers_as_the_view_does(compiled, python):
+    """Ctx::add_timer (native/src/fold.rs) against LedgerView.add_timer: after every event of the workload, the same
+    heap of timers and the same timer records among the changes."""
+    events = [python.event_from_json(r) for r in Generator(13).generate(3000) if not isinstance(r, str)]
+    folds = {impl: Fold(open_view(MemoryStore(), codec), implementation=impl)
+             for impl, codec in ((native.COMPILED, compiled), (native.PYTHON, python))}
+    added = 0
+    for offset, event in enumerate(events):
+        for fold in folds.values():
+            fold.apply(event, offset, Outputs())
+        got, want = (folds[impl].view for impl in (native.COMPILED, native.PYTHON))
+        assert got._timers == want._timers, f"event {offset}: {event['type']}"
+        added = max(added, len(want._timers))
+        if offset % 400 == 399:
+            changes = {impl: fold.changes() for impl, fold in folds.items()}
+            assert changes[native.COMPILED] == changes[native.PYTHON]
+            assert any(key.startswith(b"t\0") and value for key, value in changes[native.PYTHON])
+            for fold, fold_changes in zip(folds.values(), changes.values()):
+                fold.view.store.write(fold_changes, offset)
+                fold.view.mark_committed()
+    assert added > 10
