@@ -49,10 +49,12 @@ pub fn produce_records<'py>(py: Python<'py>, producer: &Bound<'py, PyAny>, recor
             match outcome {
                 Ok(_) => break,
                 Err(err) if err.is_instance_of::<PyBufferError>(py) => {
-                    producer.call_method1(intern!(py, "poll"), (0.05,))?; // the local queue is full: let deliveries drain
+                    // the local queue is full: let deliveries drain
+                    producer.call_method1(intern!(py, "poll"), (0.05,))?;
                 }
                 Err(err) => {
-                    return Ok(Some(PyTuple::new(py, [n.into_pyobject(py)?.into_any(), err.into_value(py).into_bound(py).into_any()])?));
+                    let index = n.into_pyobject(py)?.into_any();
+                    return Ok(Some(PyTuple::new(py, [index, err.into_value(py).into_bound(py).into_any()])?));
                 }
             }
         }

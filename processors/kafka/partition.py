@@ -111,8 +111,9 @@ class PartitionTask:
         every event goes through `apply`."""
         fold, encoder = self.fold, self._encode_outputs
         core = getattr(fold, "_core", None)
-        if (core is None or type(self).apply is not _APPLY or "apply" in vars(self) or type(fold).apply is not Fold.apply
-                or "apply" in vars(fold) or not isinstance(encoder, native.module().OutputEncoder)):
+        if (core is None or type(self).apply is not _APPLY or "apply" in vars(self)
+                or type(fold).apply is not Fold.apply or "apply" in vars(fold)
+                or not isinstance(encoder, native.module().OutputEncoder)):
             return None
         return self, fold, core, self.out, encoder
 

@@ -201,8 +201,8 @@ def _change_writers(view: LedgerView) -> tuple[dict, object] | None:
     """(the compiled writer per record name, Codec.encode) of the codec the view encodes with, for FoldCore.changes;
     None unless the view's `encode` is a compiled Codec's own."""
     codec = getattr(view._encode, "__self__", None)
-    if (not isinstance(codec, Codec) or codec.implementation != native.COMPILED or type(codec).encode is not Codec.encode
-            or view._encode != codec.encode):
+    if (not isinstance(codec, Codec) or codec.implementation != native.COMPILED
+            or type(codec).encode is not Codec.encode or view._encode != codec.encode):
         return None
     encoder = native.module().Encoder
     return {name: w for name, w in codec.plain_encoders().items() if isinstance(w, encoder)}, codec.encode
