@@ -72,6 +72,14 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
+def _compiled_fill():
+    """native/src/store.rs `fill_batch`, where the compiled implementation is selected; else None."""
+    from branch_settlement.schemas import native
+
+    module = native.module()
+    return module.fill_batch if module is not None and native.select() == native.COMPILED else None
+
+
 def _encode_offset(offset: int) -> bytes:
     return b"%d" % offset
 
@@ -153,11 +161,15 @@ class RocksStore:
         from rocksdict import WriteBatch
 
         batch = WriteBatch(raw_mode=True)
-        for key, value in changes:
-            if value is None:
-                batch.delete(key)
-            else:
-                batch.put(key, value)
+        fill = _compiled_fill()
+        if fill is not None and type(changes) is list:
+            fill(batch, changes)  # the same calls, from native/src/store.rs
+        else:
+            for key, value in changes:
+                if value is None:
+                    batch.delete(key)
+                else:
+                    batch.put(key, value)
         batch.put(keys.CHANGELOG_OFFSET_KEY, _encode_offset(changelog_offset))
         self._db.write(batch)
 
