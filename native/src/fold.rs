@@ -1310,15 +1310,10 @@ impl FoldCore {
                 let name = entry.get_item(0)?;
                 let writer = writers.get_item(&name)?;
                 let encoded = match writer.as_ref().and_then(|w| w.downcast::<crate::Encoder>().ok()) {
-                    Some(writer) => {
-                        let writer = writer.get();
-                        buffer.clear();
-                        buffer.extend_from_slice(&writer.header);
-                        match crate::write(&writer.root, &value, &mut buffer) {
-                            Ok(()) => PyBytes::new(py, &buffer).into_any(),
-                            Err(crate::NotPlain) => encode.call1((&name, &value))?,
-                        }
-                    }
+                    Some(writer) => match writer.get().encode_with(py, &value, &mut buffer) {
+                        Ok(bytes) => bytes.into_any(),
+                        Err(crate::NotPlain) => encode.call1((&name, &value))?,
+                    },
                     None => encode.call1((&name, &value))?,
                 };
                 if let Some(before) = sizes.get_item(&key)? {

@@ -218,12 +218,20 @@ impl Encoder {
     }
 
     fn __call__<'py>(&self, py: Python<'py>, value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
-        let mut out = Vec::with_capacity(256);
-        out.extend_from_slice(&self.header);
-        match write(&self.root, value, &mut out) {
-            Ok(()) => Ok(PyBytes::new(py, &out)),
-            Err(NotPlain) => Err(PyErr::from_type(self.not_plain.bind(py).clone(), ())),
-        }
+        self.encode_with(py, value, &mut Vec::with_capacity(256))
+            .map_err(|NotPlain| PyErr::from_type(self.not_plain.bind(py).clone(), ()))
+    }
+}
+
+impl Encoder {
+    /// `header` + the encoding of a plain record, written in `buffer` (cleared first, so that a caller encoding
+    /// many records reuses it) and returned as bytes; NotPlain for what only fastavro encodes.
+    pub(crate) fn encode_with<'py>(&self, py: Python<'py>, value: &Bound<'py, PyAny>, buffer: &mut Vec<u8>)
+                                   -> Result<Bound<'py, PyBytes>, NotPlain> {
+        buffer.clear();
+        buffer.extend_from_slice(&self.header);
+        write(&self.root, value, buffer)?;
+        Ok(PyBytes::new(py, buffer))
     }
 }
 

@@ -6,7 +6,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-use crate::{write, Encoder, NotPlain};
+use crate::{Encoder, NotPlain};
 
 struct Route {
     attr: Py<PyString>,
@@ -60,10 +60,8 @@ impl OutputEncoder {
                     Ok(Ok(id)) => PyBytes::new(py, id.as_bytes()).into_any(),
                     _ => parent_id.call_method0(intern!(py, "encode"))?, // whatever str.encode says of it
                 };
-                buffer.clear();
-                buffer.extend_from_slice(&encoder.header);
-                let value = match write(&encoder.root, &record, &mut buffer) {
-                    Ok(()) => PyBytes::new(py, &buffer).into_any(),
+                let value = match encoder.encode_with(py, &record, &mut buffer) {
+                    Ok(bytes) => bytes.into_any(),
                     Err(NotPlain) => self.encode.bind(py).call1((route.name.bind(py), &record))?,
                 };
                 records.append((route.topic.bind(py), key, value))?;
