@@ -18,6 +18,7 @@ import os
 from typing import Iterable, Iterator, Protocol
 
 from branch_settlement.projections import keys
+from branch_settlement.schemas import native
 
 Change = tuple[bytes, bytes | None]  # (key, value) or (key, None) for a delete
 
@@ -70,14 +71,6 @@ class Store(Protocol):
     def changelog_offset(self) -> int: ...
 
     def close(self) -> None: ...
-
-
-def _compiled_fill():
-    """native/src/store.rs `fill_batch`, where the compiled implementation is selected; else None."""
-    from branch_settlement.schemas import native
-
-    module = native.module()
-    return module.fill_batch if module is not None and native.select() == native.COMPILED else None
 
 
 def _encode_offset(offset: int) -> bytes:
@@ -161,7 +154,7 @@ class RocksStore:
         from rocksdict import WriteBatch
 
         batch = WriteBatch(raw_mode=True)
-        fill = _compiled_fill()
+        fill = native.compiled_function("fill_batch")
         if fill is not None and type(changes) is list:
             fill(batch, changes)  # the same calls, from native/src/store.rs
         else:

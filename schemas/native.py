@@ -59,6 +59,13 @@ def select(requested: str | None = None) -> str:
     return value
 
 
+def compiled_function(name: str):
+    """The compiled module's function `name` where the compiled implementation is selected (`select()`); else None,
+    and the caller runs its Python loop."""
+    loaded = module()
+    return getattr(loaded, name) if loaded is not None and select() == COMPILED else None
+
+
 def describe(implementation: str) -> str:
     """One phrase for logs and reports: which implementation, and for the compiled one which build."""
     if implementation != COMPILED:

@@ -75,7 +75,7 @@ def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[i
     `report_every_record` asks for one per record, so that a record the broker refuses (too large for the
     topic) is told apart from the rest and its partition stopped, instead of the same abort again."""
     changelog = topics["ledger-changelog"]
-    produce_records = _compiled_produce()
+    produce_records = native.compiled_function("produce_records")  # native/src/produce.rs
     for task in tasks:
         p = task.partition
         records, task_changes = task.records, changes[p]
@@ -104,12 +104,6 @@ def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[i
                          on_delivery if n == last_change or report_every_record else None)
         except KafkaException as exc:
             _refused(task, exc, target, p, value)
-
-
-def _compiled_produce():
-    """native/src/produce.rs `produce_records`, where the compiled implementation is selected; else None."""
-    module = native.module()
-    return module.produce_records if module is not None and native.select() == native.COMPILED else None
 
 
 def _refused(task: PartitionTask, exc: BaseException, target: str, partition: int, value: bytes | None) -> None:

@@ -75,7 +75,7 @@ def produce_all(compiled: bool, every_record: bool, monkeypatch, max_bytes: int 
 
 @pytest.mark.parametrize("every_record", [False, True])
 def test_the_compiled_loop_makes_the_python_loops_produce_calls(every_record, monkeypatch) -> None:
-    assert checkpoint._compiled_produce() is not None or native.select() != native.COMPILED
+    assert native.compiled_function("produce_records") is not None or native.select() != native.COMPILED
     got = produce_all(True, every_record, monkeypatch)
     want = produce_all(False, every_record, monkeypatch)
     assert got == want

@@ -19,7 +19,7 @@ def contents(store: RocksStore) -> dict:
 @pytest.mark.parametrize("implementation", [native.COMPILED, native.PYTHON])
 def test_a_batch_puts_and_deletes_alike(tmp_path, monkeypatch, implementation) -> None:
     monkeypatch.setenv(native.ENV, implementation)
-    assert (store_module._compiled_fill() is not None) == (implementation == native.COMPILED)
+    assert (native.compiled_function("fill_batch") is not None) == (implementation == native.COMPILED)
     store = RocksStore(tmp_path / implementation)
     try:
         store.write([(b"p\0a", b"1"), (b"p\0b", b"2"), (b"c\0a\0x", b"3")], 5)
