@@ -22,6 +22,7 @@ from branch_settlement.projections import keys
 from branch_settlement.projections.store import MemoryStore
 from branch_settlement.schemas import native
 from branch_settlement.schemas.codec import default_codec
+from branch_settlement.schemas.limits import MAX_EVENT_BYTES
 from branch_settlement.schemas.partitioning import partition_of
 
 pytestmark = [pytest.mark.unit, pytest.mark.skipif(native.module() is None, reason="needs the compiled module")]
@@ -77,6 +78,9 @@ def messages_of(seed: int, events: int, codec, poisoned: bool = True) -> list[Me
         elif roll < 0.03:  # single-object bytes cut short, or with bytes after the record
             data = codec.encode_event(event)
             consumed.append(message(partition, data[:len(data) // 2] if rng.random() < 0.5 else data + b"\0"))
+        elif roll < 0.032:  # over the largest event, behind a valid header: a dead letter; the partition goes on
+            data = codec.encode_event(event)
+            consumed.append(message(partition, data + b"\0" * (MAX_EVENT_BYTES + 1 - len(data))))
         elif roll < 0.035:  # to a partition this processor does not own
             consumed.append(message(PARTITIONS, codec.encode_event(event)))
         elif roll < 0.04:  # a Tick on the input, and an event in the wrong partition
@@ -150,7 +154,10 @@ def test_the_compiled_loop_folds_a_consumed_batch_as_the_python_loop_does(seed, 
     stopped = [n for n, reason in got["stopped"].items() if reason]
     assert stopped == [partition_of(POISONED, PARTITIONS)], got["stopped"]
     assert "the store failed to read a parent" in got["stopped"][stopped[0]]
-    assert sum(c[4] for cp in got["checkpoints"] for c in cp["partitions"].values()) > 0  # dead letters
+    letters = [value for cp in got["checkpoints"] for c in cp["partitions"].values() for topic, _, value in c[0]
+               if topic == "branch-events-dlq"]
+    assert sum(c[4] for cp in got["checkpoints"] for c in cp["partitions"].values()) == len(letters) > 0
+    assert any(b"is at most" in letter for letter in letters)  # the oversized records' reason
     assert {"ok", "misrouted", "tick_not_accepted"} <= set(got["counts"]), got["counts"]
     if commit_records < 20_000:
         assert len(got["checkpoints"]) > 3  # checkpoints called by the loop itself, when a task was full
