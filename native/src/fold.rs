@@ -13,7 +13,7 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString};
 
 // Child states (projections/model.py).
 const RESERVED: &str = "reserved";
@@ -121,7 +121,8 @@ enum Value {
 }
 
 /// The event types compiled here; every other goes to `Fold._apply`.
-const COMPILED_TYPES: &[&str] = &["ChildReserved", "ChildActivated", "UsageReported", "ChildCompleted"];
+const COMPILED_TYPES: &[&str] = &["ChildReserved", "ChildActivated", "UsageReported", "ChildCompleted", "ChildSkipped",
+                                   "CancelAcknowledged", "ChildFailed"];
 
 fn holding_term(state: &str) -> Option<&'static str> {
     match state {
@@ -341,7 +342,56 @@ fn plainly_valid(event: &Bound<'_, PyDict>, etype: &str) -> PyResult<bool> {
             None => Ok(false),
         };
     }
+    if etype == "ChildSkipped" {
+        // its note is its reason; it names no usage (handlers.child_skipped checks no dimensions)
+        return Ok(event.get_item(intern!(py, "usage"))?.is_none()
+                  && matches!(event.get_item(intern!(py, "reason"))?, Some(r) if r.is_exact_instance_of::<PyString>()));
+    }
+    if etype == "CancelAcknowledged" || etype == "ChildFailed" {
+        return known_outcome(event, etype);
+    }
     Ok(true)
+}
+
+/// validation._outcome_problem finds nothing, and the outcome is one the core settles itself: the usage known (a
+/// total, `usage_uncertain` false), a retry that is a plain id of another attempt or none. An uncertain usage, or
+/// a failure that names no usage (before activation, or so the executor says), goes to the Python fold: it may
+/// enter reconciliation (handlers._settle_outcome, child_failed).
+fn known_outcome(event: &Bound<'_, PyDict>, etype: &str) -> PyResult<bool> {
+    let py = event.py();
+    match event.get_item(intern!(py, "usage_uncertain"))? {
+        Some(uncertain) if uncertain.is_exact_instance_of::<PyBool>() && !uncertain.is_truthy()? => {}
+        _ => return Ok(false),
+    }
+    if !matches!(event.get_item(intern!(py, "usage"))?, Some(usage) if usage.is_exact_instance_of::<PyDict>()) {
+        return Ok(false);
+    }
+    if event.get_item(intern!(py, "lease_generation"))?.is_none() {
+        return Ok(false);
+    }
+    if etype == "ChildFailed" {
+        match event.get_item(intern!(py, "activated"))? {
+            Some(activated) if activated.is_exact_instance_of::<PyBool>() => {}
+            _ => return Ok(false),
+        }
+        if !matches!(event.get_item(intern!(py, "reason"))?, Some(r) if r.is_exact_instance_of::<PyString>()) {
+            return Ok(false);
+        }
+    }
+    match event.get_item(intern!(py, "retry_attempt_id"))? {
+        None => Ok(true),
+        Some(retry) if retry.is_none() => Ok(true),
+        Some(retry) => {
+            if !retry.is_exact_instance_of::<PyString>() {
+                return Ok(false);
+            }
+            if retry.downcast::<PyString>()?.to_str()?.is_empty() {
+                return Ok(true); // empty: no retry keeps the capacity
+            }
+            let attempt = event.get_item(intern!(py, "attempt_id"))?;
+            Ok(plain_id(&retry, MAX_ID_BYTES) && !matches!(attempt, Some(a) if a.eq(&retry)?))
+        }
+    }
 }
 
 /// Kafka's murmur2 (schemas/partitioning.py), bit for bit.
@@ -813,7 +863,7 @@ fn usage_delta<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bou
 
 /// accounting.settle
 fn settle<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound<'py, PyDict>,
-               total: Option<&Bound<'py, PyDict>>, reason: &str) -> PyResult<()> {
+               total: Option<&Bound<'py, PyDict>>, reason: &str, note: &str) -> PyResult<()> {
     if let Some(total) = total {
         if !total.is_empty() {
             let delta = usage_delta(ctx, parent, child, total)?;
@@ -821,8 +871,53 @@ fn settle<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound<'p
         }
     }
     let returned = release_remainder(ctx, parent, child, reason)?;
-    set_state(ctx, parent, child, if returned { RELEASED } else { COMMITTED }, reason)?;
+    let new_state = if returned { RELEASED } else { COMMITTED };
+    if note.is_empty() {
+        set_state(ctx, parent, child, new_state, reason)?;
+    } else {
+        set_state(ctx, parent, child, new_state, &format!("{reason}: {note}"))?;
+    }
     finish_parent_if_done(ctx, parent)
+}
+
+/// accounting.hand_to_retry
+fn hand_to_retry<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound<'py, PyDict>,
+                      total: &Bound<'py, PyDict>, retry_attempt_id: &Bound<'py, PyAny>) -> PyResult<()> {
+    let py = ctx.py;
+    let delta = usage_delta(ctx, parent, child, total)?;
+    commit_usage(ctx, parent, child, &delta)?;
+    let old_attempt = text(&item(child, intern!(py, "attempt_id"))?)?;
+    let earlier = sub_dict(child, intern!(py, "earlier_attempts_consumed"))?;
+    for (dim, quantity) in sub_dict(child, intern!(py, "consumed"))?.iter() {
+        let quantity: i64 = quantity.extract()?;
+        if quantity != 0 {
+            let before: i64 = match earlier.get_item(&dim)? {
+                Some(q) => q.extract()?,
+                None => 0,
+            };
+            earlier.set_item(&dim, before + quantity)?;
+        }
+    }
+    let sorted = PyDict::new(py);
+    for (_, dim) in sorted_keys(&earlier)? {
+        sorted.set_item(&dim, earlier.get_item(&dim)?.expect("a key of the dict"))?;
+    }
+    child.set_item(intern!(py, "earlier_attempts_consumed"), sorted)?;
+    let reserved = PyDict::new(py);
+    let consumed = PyDict::new(py);
+    for dim in sub_dict(child, intern!(py, "reserved"))?.keys() {
+        reserved.set_item(&dim, remainder(child, &dim)?)?;
+        consumed.set_item(&dim, 0)?;
+    }
+    child.set_item(intern!(py, "reserved"), reserved)?;
+    child.set_item(intern!(py, "consumed"), consumed)?;
+    child.set_item(intern!(py, "attempt_id"), retry_attempt_id)?;
+    add(child, intern!(py, "lease_generation"), 1)?;
+    child.set_item(intern!(py, "activated"), false)?;
+    child.set_item(intern!(py, "lease_expires_at_ms"), py.None())?;
+    child.set_item(intern!(py, "reconcile_deadline_ms"), py.None())?;
+    child.set_item(intern!(py, "usage_report_ids"), PyList::empty(py))?;
+    set_state(ctx, parent, child, RESERVED, &format!("remainder handed from attempt {old_attempt} to retry"))
 }
 
 /// accounting.finish_parent_if_done
@@ -1007,8 +1102,9 @@ fn report_target<'py>(ctx: &Ctx<'py>, core: &Env) -> Step<(Bound<'py, PyDict>, B
     Ok((parent, child))
 }
 
-/// handlers._adopt_report, for a report that proves the attempt ran
-fn adopt_report<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound<'py, PyDict>) -> PyResult<()> {
+/// handlers._adopt_report
+fn adopt_report<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound<'py, PyDict>,
+                     proves_execution: bool) -> PyResult<()> {
     let py = ctx.py;
     let generation: i64 = ctx.field(intern!(py, "lease_generation"))?.extract()?;
     if generation > int(child, intern!(py, "lease_generation"))? {
@@ -1018,7 +1114,7 @@ fn adopt_report<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bo
         let parent_id = item(parent, intern!(py, "parent_id"))?;
         ctx.audit(&parent_id, Some(child), state, state, "implied lease renewal", None, None)?;
     }
-    if !item(child, intern!(py, "activated"))?.is_truthy()? {
+    if proves_execution && !item(child, intern!(py, "activated"))?.is_truthy()? {
         child.set_item(intern!(py, "activated"), true)?;
         let prior = state_of(child)?;
         let prior = prior.to_str()?;
@@ -1182,12 +1278,12 @@ fn usage_reported<'py>(ctx: &mut Ctx<'py>, core: &Env) -> Step<()> {
     }
     let usage = ctx.field(intern!(py, "usage"))?;
     check_headroom(&parent, &usage)?;
-    adopt_report(ctx, &parent, &child)?;
+    adopt_report(ctx, &parent, &child, true)?;
     ids.append(&report_id)?;
     let usage = usage.downcast_into::<PyDict>().map_err(PyErr::from)?;
     commit_usage(ctx, &parent, &child, &usage)?;
     if last {
-        settle(ctx, &parent, &child, None, "final_usage")?;
+        settle(ctx, &parent, &child, None, "final_usage", "")?;
     } else if state_of(&child)?.to_str()? == ACTIVATED {
         set_state(ctx, &parent, &child, PARTIALLY_CONSUMED, "usage reported")?;
     }
@@ -1199,10 +1295,65 @@ fn child_completed<'py>(ctx: &mut Ctx<'py>, core: &Env) -> Step<()> {
     let (parent, child) = report_target(ctx, core)?;
     let usage = ctx.field(intern!(ctx.py, "usage"))?;
     check_headroom(&parent, &usage)?;
-    adopt_report(ctx, &parent, &child)?;
+    adopt_report(ctx, &parent, &child, true)?;
     let usage = usage_dict(ctx)?;
-    settle(ctx, &parent, &child, usage.as_ref(), "completed")?;
+    settle(ctx, &parent, &child, usage.as_ref(), "completed", "")?;
     Ok(())
+}
+
+/// handlers.child_skipped
+fn child_skipped<'py>(ctx: &mut Ctx<'py>, core: &Env) -> Step<()> {
+    let py = ctx.py;
+    let (parent, child) = held_child(ctx, core)?;
+    let state = state_of(&child)?;
+    if item(&child, intern!(py, "activated"))?.is_truthy()? || is_pending(state.to_str()?) {
+        return reject(INVALID_TRANSITION,
+                      "a skip is only valid before activation; report the outcome instead".to_owned());
+    }
+    release_remainder(ctx, &parent, &child, "skipped")?;
+    let reason = text(&ctx.field(intern!(py, "reason"))?)?;
+    set_state(ctx, &parent, &child, RELEASED, &format!("skipped: {reason}"))?;
+    finish_parent_if_done(ctx, &parent)?;
+    Ok(())
+}
+
+/// handlers._settle_outcome, for a known usage (plainly_valid leaves an uncertain one to the Python fold)
+fn settle_outcome<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound<'py, PyDict>, reason: &str,
+                       note: &str) -> Step<()> {
+    let py = ctx.py;
+    let usage = ctx.field(intern!(py, "usage"))?.downcast_into::<PyDict>().map_err(PyErr::from)?; // `usage or {}`
+    check_headroom(parent, usage.as_any())?;
+    let activated = match ctx.event.get_item(intern!(py, "activated"))? {
+        Some(activated) => activated.is_truthy()?,
+        None => false,
+    };
+    let mut positive = false;
+    for quantity in usage.values() {
+        positive |= quantity.extract::<i64>()? > 0;
+    }
+    adopt_report(ctx, parent, child, activated || positive)?;
+    let retry = ctx.event.get_item(intern!(py, "retry_attempt_id"))?;
+    if let Some(retry) = retry.filter(|r| r.is_truthy().unwrap_or(false)) {
+        if item(parent, intern!(py, "status"))?.downcast::<PyString>().map_err(PyErr::from)?.to_str()? == PARENT_OPEN {
+            hand_to_retry(ctx, parent, child, &usage, &retry)?;
+            return Ok(());
+        }
+    }
+    settle(ctx, parent, child, Some(&usage), reason, note)?;
+    Ok(())
+}
+
+/// handlers.cancel_acknowledged, its usage known
+fn cancel_acknowledged<'py>(ctx: &mut Ctx<'py>, core: &Env) -> Step<()> {
+    let (parent, child) = report_target(ctx, core)?;
+    settle_outcome(ctx, &parent, &child, "cancel_acknowledged", "")
+}
+
+/// handlers.child_failed, its usage known (never then a failure the ledger must take as uncertain)
+fn child_failed<'py>(ctx: &mut Ctx<'py>, core: &Env) -> Step<()> {
+    let (parent, child) = report_target(ctx, core)?;
+    let reason = text(&ctx.field(intern!(ctx.py, "reason"))?)?;
+    settle_outcome(ctx, &parent, &child, "failed", &reason)
 }
 
 // -- fold.py ------------------------------------------------------------------------------------------------------
@@ -1444,6 +1595,9 @@ impl FoldCore {
             "ChildActivated" => child_activated(ctx, &self.env),
             "UsageReported" => usage_reported(ctx, &self.env),
             "ChildCompleted" => child_completed(ctx, &self.env),
+            "ChildSkipped" => child_skipped(ctx, &self.env),
+            "CancelAcknowledged" => cancel_acknowledged(ctx, &self.env),
+            "ChildFailed" => child_failed(ctx, &self.env),
             _ => Err(Fail::Delegate),
         };
         match handled {
