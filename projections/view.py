@@ -124,7 +124,7 @@ class LedgerView:
         self._sizes: dict[bytes, int] = {}  # estimated bytes of each cached entry
         self.cached_bytes = 0
         # Changed since the last commit, in the order first changed: (record name, the record or, once
-        # spilled or for a timer, its encoding), or None for a delete.
+        # spilled, for a timer or for an idempotency record, its encoding), or None for a delete.
         self._dirty: dict[bytes, tuple[str, dict | bytes] | None] = {}
         self._timers: list[Timer] = []
         self._dropping: set[str] = set()  # parents whose timers drop_timers deletes
@@ -183,7 +183,14 @@ class LedgerView:
         return self._get(keys.idempotency_key(parent_id, key))
 
     def put_idempotency(self, parent_id: str, key: str, record: dict) -> None:
-        self._put(keys.idempotency_key(parent_id, key), IDEMPOTENCY_RECORD, record)
+        """Encoded at once into the changes, as a spilled change, and out of the cache: an idempotency record is read
+        again only for a duplicate (which decodes it), and cached, those of every event would push the ledger's
+        parents and children out."""
+        record_key = keys.idempotency_key(parent_id, key)
+        if record_key in self._cache:  # looked up first, and cached as absent
+            del self._cache[record_key]
+            self.cached_bytes -= self._sizes.pop(record_key)
+        self._dirty[record_key] = (IDEMPOTENCY_RECORD, self._encode(IDEMPOTENCY_RECORD, record))
 
     def _delete(self, key: bytes) -> None:
         if key in self._cache:

@@ -435,6 +435,8 @@ struct Ctx<'py> {
     store: Bound<'py, PyAny>,
     decode: Bound<'py, PyAny>,
     decoded_size: Bound<'py, PyAny>,
+    // The codec's compiled writer of idempotency records, where the view encodes with a compiled codec.
+    idempotency_writer: Option<Bound<'py, crate::Encoder>>,
     event: Bound<'py, PyDict>,
     etype: Bound<'py, PyAny>,
     event_id: Bound<'py, PyAny>,
@@ -588,8 +590,27 @@ impl<'py> Ctx<'py> {
         self.get(record_key(KEY_IDEMPOTENCY, &[parent_id, &self.key])?)
     }
 
+    /// LedgerView.put_idempotency: encoded at once into the changes, and out of the cache.
     fn put_idempotency(&self, parent_id: &Bound<'py, PyAny>, record: &Bound<'py, PyDict>) -> PyResult<()> {
-        self.put(record_key(KEY_IDEMPOTENCY, &[parent_id, &self.key])?, intern!(self.py, IDEMPOTENCY_RECORD), record)
+        let py = self.py;
+        let key = PyBytes::new(py, &record_key(KEY_IDEMPOTENCY, &[parent_id, &self.key])?);
+        if self.cache.contains(&key)? {
+            // looked up first, and cached as absent
+            self.cache.del_item(&key)?;
+            let size: i64 = self.sizes.get_item(&key)?.expect("a cached key has a size").extract()?;
+            self.sizes.del_item(&key)?;
+            let cached: i64 = self.view.getattr(intern!(py, "cached_bytes"))?.extract()?;
+            self.view.setattr(intern!(py, "cached_bytes"), cached - size)?;
+        }
+        let name = intern!(py, IDEMPOTENCY_RECORD);
+        let encoded = match &self.idempotency_writer {
+            Some(writer) => match writer.get().encode_with(py, record, &mut Vec::with_capacity(128)) {
+                Ok(bytes) => bytes.into_any(),
+                Err(crate::NotPlain) => self.view.getattr(intern!(py, "_encode"))?.call1((name, record))?,
+            },
+            None => self.view.getattr(intern!(py, "_encode"))?.call1((name, record))?,
+        };
+        self.dirty.set_item(key, (name, encoded))
     }
 
     /// LedgerView.add_timer: onto the view's heap, and its record into the changes, encoded at once. Ids that are
@@ -1381,6 +1402,8 @@ pub struct FoldCore {
     store: Py<PyAny>,
     decode: Py<PyAny>,
     digests: pyo3::sync::GILOnceCell<Py<PyDict>>,
+    // The compiled writer of idempotency records of the fold's `_change_writers`, once known (None: there is none).
+    idempotency_writer: pyo3::sync::GILOnceCell<Option<Py<crate::Encoder>>>,
     partition: Py<PyAny>,
     partition_number: i64,
     partitions: Option<u32>,
@@ -1421,6 +1444,7 @@ impl FoldCore {
             store: view.getattr("store")?.unbind(),
             decode: view.getattr("_decode")?.unbind(),
             digests: pyo3::sync::GILOnceCell::new(),
+            idempotency_writer: pyo3::sync::GILOnceCell::new(),
             view: view.unbind(),
             partition_number: partition.extract()?,
             partition: partition.unbind(),
@@ -1522,6 +1546,7 @@ impl FoldCore {
             store: self.store.bind(py).clone(),
             decode: self.decode.bind(py).clone(),
             decoded_size: self.env.decoded_size.bind(py).clone(),
+            idempotency_writer: self.idempotency_writer(fold)?,
             view: view.clone(),
             event: event_dict.clone(),
             etype: etype.clone(),
@@ -1571,6 +1596,20 @@ impl FoldCore {
 }
 
 impl FoldCore {
+    /// The compiled writer of idempotency records among `fold._change_writers` (set once the fold is made), if any.
+    fn idempotency_writer<'py>(&self, fold: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, crate::Encoder>>> {
+        let py = fold.py();
+        let writer = self.idempotency_writer.get_or_try_init(py, || -> PyResult<Option<Py<crate::Encoder>>> {
+            let writers = fold.getattr(intern!(py, "_change_writers"))?;
+            if writers.is_none() {
+                return Ok(None);
+            }
+            let found = writers.get_item(0)?.downcast_into::<PyDict>()?.get_item(intern!(py, IDEMPOTENCY_RECORD))?;
+            Ok(found.and_then(|w| w.downcast_into::<crate::Encoder>().ok()).map(Bound::unbind))
+        })?;
+        Ok(writer.as_ref().map(|w| w.bind(py).clone()))
+    }
+
     /// LedgerView.change_count: the records the next checkpoint writes.
     pub(crate) fn change_count(&self, py: Python<'_>) -> usize {
         self.dirty.bind(py).len()
