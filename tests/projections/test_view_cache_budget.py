@@ -14,7 +14,9 @@ from branch_settlement.processors.workload import Generator
 from branch_settlement.projections import view as view_module
 from branch_settlement.projections.store import MemoryStore, RocksStore
 from branch_settlement.projections.view import CacheBudget, LedgerView
-from branch_settlement.schemas.codec import default_codec
+from branch_settlement.projections import keys
+from branch_settlement.schemas import native
+from branch_settlement.schemas.codec import Codec, default_codec
 from branch_settlement.processors.ledger.outputs import OUTPUT_ROUTES
 
 pytestmark = pytest.mark.unit
@@ -181,3 +183,32 @@ def test_set_cache_budget_is_process_wide() -> None:
             view_module.set_cache_budget(-1)
     finally:
         view_module.set_cache_budget(before)
+
+
+@pytest.mark.parametrize("implementation", [native.PYTHON, native.COMPILED])
+def test_an_idempotency_record_is_a_change_at_once_and_never_cached(implementation: str) -> None:
+    """Each applied event writes one: encoded into the changes as it is written, so the cache keeps the parents and
+    children; a duplicate in the same checkpoint still finds it (decoded from the change), then in the store."""
+    if implementation == native.COMPILED and native.module() is None:
+        pytest.fail("the compiled implementation is not installed: `make install` builds it (native/)")
+    codec = Codec(implementation=implementation)
+    view = LedgerView(MemoryStore(), codec.encode, codec.decode, CacheBudget(10**12))
+    fold, out = Fold(view, implementation=implementation), Outputs()
+    items = [codec.event_from_json(item) for item in Generator(5).generate(40) if not isinstance(item, str)]
+    reserved = next(event for event in items if event["type"] == "ChildReserved")
+    parent = next(event for event in items if event["type"] == "ParentReserved"
+                  and event["parent_id"] == reserved["parent_id"])
+    fold.apply(parent, 0, out)
+    assert fold.apply(reserved, 1, out)["result"] == "ok"
+    key = keys.idempotency_key(reserved["parent_id"], reserved["idempotency_key"])
+    assert key not in view._cache and key not in view._sizes  # the lookup's "absent" is gone with it
+    name, value = view._dirty[key]
+    assert name == "IdempotencyRecord" and type(value) is bytes
+    assert codec.decode(value)[1]["event_id"] == reserved["event_id"]
+    assert fold.apply(dict(reserved, event_id="again"), 2, out)["result"] == "duplicate"
+    changes = fold.changes()
+    assert (key, value) in changes
+    view.store.write(changes, 2)
+    view.mark_committed()
+    view.discard()  # nothing cached: read from the store
+    assert fold.apply(dict(reserved, event_id="later"), 3, out)["result"] == "duplicate"
