@@ -11,7 +11,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-use crate::fold::FoldCore;
+use crate::fold::{Applied, FoldCore};
 use crate::outputs::OutputEncoder;
 use crate::Decoder;
 
@@ -118,19 +118,34 @@ impl MessageFolder {
             let value = message.call_method0(intern!(py, "value"))?;
             let Some(event) = self.decode(py, readers, &value) else { break };
             task.setattr(intern!(py, "next_offset"), offset + 1)?;
-            let result = match part.core.get().apply(py, &part.fold, event.as_any(), &offset_object, &part.out,
-                                                     false) {
-                Ok(result) => result,
+            // The result and the audit records of an event the core takes are written by the core at once, in their
+            // routes' places around the outputs the encoder writes (the first route and the last).
+            let direct = part.encoder.get().direct();
+            let applied = match part.core.get().apply_with(py, &part.fold, event.as_any(), &offset_object, &part.out,
+                                                           false, direct) {
+                Ok(applied) => applied,
                 Err(error) => return done(i + 1, folded, FAILED, task, error.value(py).as_any()),
             };
             let records = task.getattr(intern!(py, "records"))?.downcast_into::<PyList>()?;
             let released = task.getattr(intern!(py, "released"))?.downcast_into::<PyDict>()?;
+            let (code, audits) = match applied {
+                Applied::Dict(result) => (result.get_item(intern!(py, "result"))?, Vec::new()),
+                Applied::Direct { code, result: (key, value), audits } => {
+                    let direct = direct.expect("written directly only with a Direct");
+                    records.append((direct.results_topic.bind(py), key, value))?;
+                    (code.into_any(), audits)
+                }
+            };
             if let Err(error) = part.encoder.get().__call__(py, &part.out, &records, &released) {
                 return done(i + 1, folded, FAILED, task, error.value(py).as_any());
             }
+            if let Some(direct) = direct.filter(|_| !audits.is_empty()) {
+                for (key, value) in audits {
+                    records.append((direct.audits_topic.bind(py), key, value))?;
+                }
+            }
             let results: i64 = task.getattr(intern!(py, "results"))?.extract()?;
             task.setattr(intern!(py, "results"), results + 1)?;
-            let code = result.get_item(intern!(py, "result"))?;
             let before: i64 = match counts.get_item(&code)? {
                 Some(before) => before.extract()?,
                 None => 0,

@@ -15,6 +15,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString};
 
+use crate::outputs::Direct;
+
 // Child states (projections/model.py).
 const RESERVED: &str = "reserved";
 const ACTIVATED: &str = "activated";
@@ -119,6 +121,14 @@ enum Value {
     S(&'static str),
     I(i64),
 }
+
+/// The fields of a result and of an audit record, as the slots the core gives their writers (Encoder::slot_order) when
+/// it writes them itself (FoldCore::apply_direct).
+pub(crate) const RESULT_SLOTS: [&str; 10] = ["event_id", "idempotency_key", "parent_id", "child_id", "event_type", "result",
+                                             "detail", "input_partition", "input_offset", "ledger_time_ms"];
+pub(crate) const AUDIT_SLOTS: [&str; 15] = ["parent_id", "child_id", "attempt_id", "dimension", "quantity", "prior_state",
+                                            "new_state", "idempotency_key", "lease_generation", "triggering_event_id",
+                                            "event_type", "input_partition", "input_offset", "ledger_time_ms", "note"];
 
 /// The event types compiled here; every other goes to `Fold._apply`.
 const COMPILED_TYPES: &[&str] = &["ChildReserved", "ChildActivated", "UsageReported", "ChildCompleted", "ChildSkipped",
@@ -450,6 +460,41 @@ struct Ctx<'py> {
     touched: Vec<(Bound<'py, PyAny>, Bound<'py, PyDict>)>,
     touched_children: Vec<Bound<'py, PyDict>>,
     overdrawn: bool,
+    /// Where the event's audit records are written at once (apply_direct), instead of into `audits` as dicts.
+    direct: Option<DirectAudits<'py>>,
+}
+
+/// An event's audit records, encoded as they are made: (key, value), as OutputEncoder would give them.
+struct DirectAudits<'py> {
+    writer: Bound<'py, crate::Encoder>,
+    order: crate::SlotOrder,
+    name: Bound<'py, PyString>,
+    encode: Bound<'py, PyAny>,
+    written: std::cell::RefCell<(Vec<Written<'py>>, Vec<u8>)>,
+}
+
+/// A record written: (key, value).
+type Written<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>);
+
+/// What FoldCore::apply_direct gives `settle run`'s loop.
+pub(crate) enum Applied<'py> {
+    /// The Python fold took the event: its result, and its outputs in `out` (as Fold.apply).
+    Dict(Bound<'py, PyAny>),
+    /// The core took it: the result code, the result record and the audit records written (key, value), the other
+    /// outputs in `out`.
+    Direct {
+        code: Bound<'py, PyString>,
+        result: Written<'py>,
+        audits: Vec<Written<'py>>,
+    },
+}
+
+/// The key OutputEncoder gives a record of `parent_id`: its UTF-8 (or whatever str.encode says of it).
+fn output_key<'py>(parent_id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    match parent_id.downcast::<PyString>().map(|id| id.to_str()) {
+        Ok(Ok(id)) => Ok(PyBytes::new(parent_id.py(), id.as_bytes()).into_any()),
+        _ => parent_id.call_method0(intern!(parent_id.py(), "encode")),
+    }
 }
 
 impl<'py> Ctx<'py> {
@@ -463,6 +508,35 @@ impl<'py> Ctx<'py> {
              new_state: &str, note: &str, dimension: Option<&Bound<'py, PyAny>>, quantity: Option<i64>)
              -> PyResult<()> {
         let py = self.py;
+        if let Some(direct) = &self.direct {
+            let (child_id, attempt_id, generation) = match child {
+                Some(child) => (item(child, intern!(py, "child_id"))?, item(child, intern!(py, "attempt_id"))?,
+                                item(child, intern!(py, "lease_generation"))?),
+                None => (intern!(py, "").clone().into_any(), intern!(py, "").clone().into_any(),
+                         0i64.into_pyobject(py)?.into_any()),
+            };
+            let none = || py.None().into_bound(py);
+            let values = [parent_id.clone(), child_id, attempt_id, dimension.cloned().unwrap_or_else(none),
+                          match quantity { Some(q) => q.into_pyobject(py)?.into_any(), None => none() },
+                          state_name(py, prior_state).into_any(), state_name(py, new_state).into_any(),
+                          self.key.clone(), generation, self.event_id.clone(), self.etype.clone(),
+                          self.partition.clone(), self.offset.clone(), self.now_ms.into_pyobject(py)?.into_any(),
+                          PyString::new(py, note).into_any()];
+            let mut written = direct.written.borrow_mut();
+            let (records, buffer) = &mut *written;
+            let value = match direct.writer.get().encode_slots(py, &direct.order, &values, buffer) {
+                Ok(bytes) => bytes.into_any(),
+                Err(crate::NotPlain) => {
+                    let record = PyDict::new(py);
+                    for (name, value) in AUDIT_SLOTS.iter().zip(values.iter()) {
+                        record.set_item(*name, value)?;
+                    }
+                    direct.encode.call1((&direct.name, record))?
+                }
+            };
+            records.push((output_key(parent_id)?, value));
+            return Ok(());
+        }
         let record = presized(py, 15)?;
         record.set_item(intern!(py, "parent_id"), parent_id)?;
         match child {
@@ -1512,7 +1586,21 @@ impl FoldCore {
     pub(crate) fn apply<'py>(&self, py: Python<'py>, fold: &Bound<'py, PyAny>, event: &Bound<'py, PyAny>,
                   offset: &Bound<'py, PyAny>, out: &Bound<'py, PyAny>, ledger_tick: bool)
                   -> PyResult<Bound<'py, PyAny>> {
-        let delegate = || fold.call_method1(intern!(py, "_apply"), (event, offset, out, ledger_tick));
+        match self.apply_with(py, fold, event, offset, out, ledger_tick, None)? {
+            Applied::Dict(result) => Ok(result),
+            Applied::Direct { .. } => unreachable!("results are written as dicts unless asked otherwise"),
+        }
+    }
+}
+
+impl FoldCore {
+    /// Fold.apply, with the result and the audit records of an event the core takes written by `direct`'s writers
+    /// at once (as OutputEncoder would write them from their dicts: FoldCore::apply_direct), or as dicts into `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn apply_with<'py>(&self, py: Python<'py>, fold: &Bound<'py, PyAny>, event: &Bound<'py, PyAny>,
+                                  offset: &Bound<'py, PyAny>, out: &Bound<'py, PyAny>, ledger_tick: bool,
+                                  direct: Option<&Direct>) -> PyResult<Applied<'py>> {
+        let delegate = || fold.call_method1(intern!(py, "_apply"), (event, offset, out, ledger_tick)).map(Applied::Dict);
         if ledger_tick {
             return delegate();
         }
@@ -1561,6 +1649,13 @@ impl FoldCore {
             touched: Vec::new(),
             touched_children: Vec::new(),
             overdrawn: false,
+            direct: direct.map(|d| DirectAudits {
+                writer: d.audit.bind(py).clone(),
+                order: d.audit_order,
+                name: d.audit_name.bind(py).clone(),
+                encode: d.encode.bind(py).clone(),
+                written: std::cell::RefCell::new((Vec::new(), Vec::with_capacity(256))),
+            }),
         };
         let (code, detail) = match self.apply_once(&mut ctx, &parent_id) {
             Ok(outcome) => outcome,
@@ -1569,33 +1664,57 @@ impl FoldCore {
             Err(Fail::Reject(..)) => unreachable!("apply_once returns rejections as outcomes"),
         };
         self.check_invariants(&ctx)?;
-        let result = presized(py, 10)?;
-        result.set_item(intern!(py, "event_id"), &ctx.event_id)?;
-        result.set_item(intern!(py, "idempotency_key"), &ctx.key)?;
-        result.set_item(intern!(py, "parent_id"), &parent_id)?;
-        result.set_item(intern!(py, "child_id"), event_dict.get_item(intern!(py, "child_id"))?)?;
-        result.set_item(intern!(py, "event_type"), &etype)?;
-        result.set_item(intern!(py, "result"), code_name(py, code))?;
-        if detail.is_empty() {
-            result.set_item(intern!(py, "detail"), intern!(py, ""))?;
-        } else {
-            result.set_item(intern!(py, "detail"), detail)?;
-        }
-        result.set_item(intern!(py, "input_partition"), &ctx.partition)?;
-        result.set_item(intern!(py, "input_offset"), offset)?;
-        result.set_item(intern!(py, "ledger_time_ms"), ctx.now_ms)?;
-        out_list(intern!(py, "results"))?.append(&result)?;
+        let applied = match direct {
+            Some(direct) => {
+                let child_id = event_dict.get_item(intern!(py, "child_id"))?.unwrap_or_else(|| py.None().into_bound(py));
+                let detail = if detail.is_empty() { intern!(py, "").clone() } else { PyString::new(py, &detail) };
+                let code = code_name(py, code);
+                let values = [ctx.event_id.clone(), ctx.key.clone(), parent_id.clone(), child_id, etype.clone(),
+                              code.clone().into_any(), detail.into_any(), ctx.partition.clone(), offset.clone(),
+                              ctx.now_ms.into_pyobject(py)?.into_any()];
+                let mut buffer = Vec::with_capacity(256);
+                let value = match direct.result.get().encode_slots(py, &direct.result_order, &values, &mut buffer) {
+                    Ok(bytes) => bytes.into_any(),
+                    Err(crate::NotPlain) => {
+                        let record = PyDict::new(py);
+                        for (name, value) in RESULT_SLOTS.iter().zip(values.iter()) {
+                            record.set_item(*name, value)?;
+                        }
+                        direct.encode.bind(py).call1((direct.result_name.bind(py), record))?
+                    }
+                };
+                let audits = ctx.direct.take().map(|d| d.written.into_inner().0).unwrap_or_default();
+                Applied::Direct { code, result: (output_key(&parent_id)?, value), audits }
+            }
+            None => {
+                let result = presized(py, 10)?;
+                result.set_item(intern!(py, "event_id"), &ctx.event_id)?;
+                result.set_item(intern!(py, "idempotency_key"), &ctx.key)?;
+                result.set_item(intern!(py, "parent_id"), &parent_id)?;
+                result.set_item(intern!(py, "child_id"), event_dict.get_item(intern!(py, "child_id"))?)?;
+                result.set_item(intern!(py, "event_type"), &etype)?;
+                result.set_item(intern!(py, "result"), code_name(py, code))?;
+                if detail.is_empty() {
+                    result.set_item(intern!(py, "detail"), intern!(py, ""))?;
+                } else {
+                    result.set_item(intern!(py, "detail"), detail)?;
+                }
+                result.set_item(intern!(py, "input_partition"), &ctx.partition)?;
+                result.set_item(intern!(py, "input_offset"), offset)?;
+                result.set_item(intern!(py, "ledger_time_ms"), ctx.now_ms)?;
+                out_list(intern!(py, "results"))?.append(&result)?;
+                Applied::Dict(result.into_any())
+            }
+        };
         // LedgerView.end_event trims the cache once it holds more than the view's share: asked only then.
         let cached: i64 = view.getattr(intern!(py, "cached_bytes"))?.extract()?;
         let share: i64 = view.getattr(intern!(py, "_budget"))?.getattr(intern!(py, "share"))?.extract()?;
         if cached > share {
             view.call_method0(intern!(py, "end_event"))?;
         }
-        Ok(result.into_any())
+        Ok(applied)
     }
-}
 
-impl FoldCore {
     /// The compiled writer of idempotency records among `fold._change_writers` (set once the fold is made), if any.
     fn idempotency_writer<'py>(&self, fold: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, crate::Encoder>>> {
         let py = fold.py();

@@ -88,7 +88,7 @@ fn build(plan: &Bound<'_, PyAny>) -> PyResult<Node> {
 // ---- writing ------------------------------------------------------------------------------------------------
 
 /// Anything a writer does not take: the caller raises NotPlain.
-struct NotPlain;
+pub(crate) struct NotPlain;
 
 #[inline]
 fn put_long(out: &mut Vec<u8>, value: i64) {
@@ -233,6 +233,46 @@ impl Encoder {
         write(&self.root, value, buffer)?;
         Ok(PyBytes::new(py, buffer))
     }
+
+    /// For a record written from values the caller holds in slots (`slots`: their names) rather than from a dict:
+    /// the slot of each of the record's fields, in the schema's order. None where the root is not a record, a field
+    /// has no slot, or there are more fields than a `SlotOrder` holds.
+    pub(crate) fn slot_order(&self, py: Python<'_>, slots: &[&str]) -> Option<SlotOrder> {
+        let Node::Record { keys, .. } = &self.root else { return None };
+        let mut order = SlotOrder { len: keys.len(), slots: [0; SlotOrder::MAX] };
+        if keys.len() > SlotOrder::MAX {
+            return None;
+        }
+        for (field, key) in keys.iter().enumerate() {
+            let name = key.bind(py).to_str().ok()?;
+            order.slots[field] = slots.iter().position(|slot| *slot == name)? as u8;
+        }
+        Some(order)
+    }
+
+    /// `header` + the encoding of the record whose field values are `values`, placed by `order` (`slot_order`):
+    /// the bytes `encode_with` writes for a dict of those values, without the dict. NotPlain as there.
+    pub(crate) fn encode_slots<'py>(&self, py: Python<'py>, order: &SlotOrder, values: &[Bound<'py, PyAny>],
+                                    buffer: &mut Vec<u8>) -> Result<Bound<'py, PyBytes>, NotPlain> {
+        let Node::Record { fields, .. } = &self.root else { return Err(NotPlain) };
+        buffer.clear();
+        buffer.extend_from_slice(&self.header);
+        for (field, slot) in fields.iter().zip(&order.slots[..order.len]) {
+            write(field, values.get(*slot as usize).ok_or(NotPlain)?, buffer)?;
+        }
+        Ok(PyBytes::new(py, buffer))
+    }
+}
+
+/// Where each field of a record's schema finds its value among a writer's slots (Encoder::slot_order).
+#[derive(Clone, Copy)]
+pub(crate) struct SlotOrder {
+    len: usize,
+    slots: [u8; SlotOrder::MAX],
+}
+
+impl SlotOrder {
+    const MAX: usize = 32;
 }
 
 // ---- reading ------------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-use crate::{Encoder, NotPlain};
+use crate::fold::{AUDIT_SLOTS, RESULT_SLOTS};
+use crate::{Encoder, NotPlain, SlotOrder};
 
 struct Route {
     attr: Py<PyString>,
@@ -22,6 +23,22 @@ struct Route {
 pub struct OutputEncoder {
     routes: Vec<Route>,
     encode: Py<PyAny>,
+    direct: Option<Direct>,
+}
+
+/// The first route's records (results) and the last's (audit records), as the compiled fold writes them itself for
+/// `settle run`'s loop (FoldCore::apply_direct): encoded from its values by these routes' writers, without a dict.
+pub(crate) struct Direct {
+    pub(crate) results_topic: Py<PyString>,
+    pub(crate) result_name: Py<PyString>,
+    pub(crate) result: Py<Encoder>,
+    pub(crate) result_order: SlotOrder,
+    pub(crate) audits_topic: Py<PyString>,
+    pub(crate) audit_name: Py<PyString>,
+    pub(crate) audit: Py<Encoder>,
+    pub(crate) audit_order: SlotOrder,
+    /// Codec.encode, for a record the writer leaves to fastavro
+    pub(crate) encode: Py<PyAny>,
 }
 
 #[pymethods]
@@ -40,7 +57,8 @@ impl OutputEncoder {
                 encoder: route.get_item(3)?.downcast_into::<Encoder>()?.unbind(),
             });
         }
-        Ok(OutputEncoder { routes: built, encode })
+        let direct = Self::direct_routes(routes.py(), &built, &encode);
+        Ok(OutputEncoder { routes: built, encode, direct })
     }
 
     pub(crate) fn __call__(&self, py: Python<'_>, out: &Bound<'_, PyAny>, records: &Bound<'_, PyList>,
@@ -84,5 +102,32 @@ impl OutputEncoder {
             list.del_slice(0, list.len())?;
         }
         Ok(())
+    }
+}
+
+impl OutputEncoder {
+    /// Direct, where the results are the first route and the audit records the last (so that the records the
+    /// compiled fold writes itself keep the routes' order around those of the other routes), and both writers
+    /// find a slot for every field of their records.
+    fn direct_routes(py: Python<'_>, routes: &[Route], encode: &Py<PyAny>) -> Option<Direct> {
+        let (first, last) = (routes.first()?, routes.last()?);
+        if first.attr.bind(py).to_str().ok()? != "results" || last.attr.bind(py).to_str().ok()? != "audits" {
+            return None;
+        }
+        Some(Direct {
+            results_topic: first.topic.clone_ref(py),
+            result_name: first.name.clone_ref(py),
+            result_order: first.encoder.get().slot_order(py, &RESULT_SLOTS)?,
+            result: first.encoder.clone_ref(py),
+            audits_topic: last.topic.clone_ref(py),
+            audit_name: last.name.clone_ref(py),
+            audit_order: last.encoder.get().slot_order(py, &AUDIT_SLOTS)?,
+            audit: last.encoder.clone_ref(py),
+            encode: encode.clone_ref(py),
+        })
+    }
+
+    pub(crate) fn direct(&self) -> Option<&Direct> {
+        self.direct.as_ref()
     }
 }

@@ -199,3 +199,39 @@ def test_the_python_codec_gives_no_compiled_readers_and_no_compiled_loop() -> No
     codec = Codec(implementation=native.PYTHON)
     assert codec.compiled_event_readers() == {}
     assert Processor(ProcessorConfig(), {TOPIC: TOPIC}, codec=codec)._message_folder is None
+
+
+def messages_from(events: list[dict], codec) -> list[Message]:
+    """`events` as consumed: each at the next offset of its parent's partition."""
+    offsets = dict.fromkeys(range(PARTITIONS), 0)
+    consumed = []
+    for event in events:
+        partition = partition_of(event["parent_id"], PARTITIONS) if event["parent_id"] else 0
+        consumed.append(Message(topic=TOPIC, partition=partition, offset=offsets[partition],
+                                key=event["parent_id"].encode(), value=codec.encode_event(event)))
+        offsets[partition] += 1
+    return consumed
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_compiled_loop_writes_results_and_audits_as_the_encoder_does_on_adversarial_streams(seed) -> None:
+    """The compiled loop has the core write the results and audit records of the events it takes itself (no dicts):
+    the reference model's streams (duplicates, conflicts, stale and superseded reports, escalations, overruns,
+    retries, loans), and the worked and borrowing examples, give the same records as the loop of dicts and the
+    output encoder."""
+    from tests.ledger.test_implementations_agree import example
+    from tests.ledger.test_reference_model import Stream
+    codec = default_codec()
+    events = [codec.event_from_json(event) for event in Stream(seed, 400).build()]
+    if seed == 0:
+        events += example("worked-example.jsonl", codec) + example("borrowing.jsonl", codec)
+    messages = messages_from(events, codec)
+    compiled, python = Run(True, 20_000), Run(False, 20_000)
+    compiled.feed(messages, 64)
+    python.feed(messages, 64)
+    got, want = compiled.outcome(), python.outcome()
+    assert got == want
+    written = [record for cp in got["checkpoints"] for c in cp["partitions"].values() for record in c[0]]
+    audits = [value for topic, _, value in written if topic == "settlement-audit"]
+    assert len(audits) > 100 and any(b"escalation" in value for value in audits)
+    assert len(set(got["counts"])) > 5, got["counts"]
