@@ -30,6 +30,27 @@ struct Parts<'py> {
     core: Bound<'py, FoldCore>,
     out: Bound<'py, PyAny>,
     encoder: Bound<'py, OutputEncoder>,
+    // The task's, read once per call of `fold` (nothing else changes them meanwhile: a checkpoint, which replaces
+    // `released`, runs only once `fold` returned) and written back before it returns.
+    records: Bound<'py, PyList>,
+    released: Bound<'py, PyDict>,
+    stopped: bool,
+    next_offset: i64,
+    results: i64,
+    position: Option<i64>,
+}
+
+impl Parts<'_> {
+    /// The task's counters as this call of `fold` left them.
+    fn write_back(&self) -> PyResult<()> {
+        let py = self.task.py();
+        self.task.setattr(intern!(py, "next_offset"), self.next_offset)?;
+        if let Some(position) = self.position {
+            self.task.setattr(intern!(py, "results"), self.results)?;
+            self.task.setattr(intern!(py, "position"), position)?;
+        }
+        Ok(())
+    }
 }
 
 #[pyclass(frozen, module = "branch_settlement_native")]
@@ -76,7 +97,20 @@ impl MessageFolder {
         let mut known: Vec<Parts<'py>> = Vec::new();
         let mut folded = 0usize;
         let none = py.None().into_bound(py);
-        let done = |next: usize, folded: usize, status: i32, task: &Bound<'py, PyAny>, error: &Bound<'py, PyAny>| {
+        // result code -> events folded in this call, added to `counts` at the end
+        let mut counted: Vec<(Bound<'py, PyAny>, i64)> = Vec::new();
+        let done = |known: &[Parts<'py>], counted: &[(Bound<'py, PyAny>, i64)], next: usize, folded: usize,
+                    status: i32, task: &Bound<'py, PyAny>, error: &Bound<'py, PyAny>| {
+            for part in known {
+                part.write_back()?;
+            }
+            for (code, n) in counted {
+                let before: i64 = match counts.get_item(code)? {
+                    Some(before) => before.extract()?,
+                    None => 0,
+                };
+                counts.set_item(code, before + n)?;
+            }
             PyTuple::new(py, [next.into_pyobject(py)?.into_any(), folded.into_pyobject(py)?.into_any(),
                               status.into_pyobject(py)?.into_any(), task.clone(), error.clone()])
         };
@@ -93,41 +127,47 @@ impl MessageFolder {
                 None => {
                     let Some(given) = parts.get_item(partition)? else { break };
                     let given = given.downcast_into::<PyTuple>()?;
+                    let task = given.get_item(0)?;
                     known.push(Parts {
                         partition,
-                        task: given.get_item(0)?,
                         fold: given.get_item(1)?,
                         core: given.get_item(2)?.downcast_into::<FoldCore>()?,
                         out: given.get_item(3)?,
                         encoder: given.get_item(4)?.downcast_into::<OutputEncoder>()?,
+                        records: task.getattr(intern!(py, "records"))?.downcast_into::<PyList>()?,
+                        released: task.getattr(intern!(py, "released"))?.downcast_into::<PyDict>()?,
+                        stopped: task.getattr(intern!(py, "stopped"))?.is_truthy()?,
+                        next_offset: task.getattr(intern!(py, "next_offset"))?.extract()?,
+                        results: task.getattr(intern!(py, "results"))?.extract()?,
+                        position: None,
+                        task,
                     });
                     known.len() - 1
                 }
             };
-            let part = &known[slot];
-            let task = &part.task;
-            if task.getattr(intern!(py, "stopped"))?.is_truthy()? {
+            let part = &mut known[slot];
+            if part.stopped {
                 break;
             }
             let offset_object = message.call_method0(intern!(py, "offset"))?;
             let offset: i64 = offset_object.extract()?;
-            let next_offset: i64 = task.getattr(intern!(py, "next_offset"))?.extract()?;
-            if offset < next_offset {
+            if offset < part.next_offset {
                 break;
             }
             let value = message.call_method0(intern!(py, "value"))?;
             let Some(event) = self.decode(py, readers, &value) else { break };
-            task.setattr(intern!(py, "next_offset"), offset + 1)?;
+            part.next_offset = offset + 1;
+            let part = &known[slot];
+            let task = part.task.clone();
             // The result and the audit records of an event the core takes are written by the core at once, in their
             // routes' places around the outputs the encoder writes (the first route and the last).
             let direct = part.encoder.get().direct();
             let applied = match part.core.get().apply_with(py, &part.fold, event.as_any(), &offset_object, &part.out,
                                                            false, direct) {
                 Ok(applied) => applied,
-                Err(error) => return done(i + 1, folded, FAILED, task, error.value(py).as_any()),
+                Err(error) => return done(&known, &counted, i + 1, folded, FAILED, &task, error.value(py).as_any()),
             };
-            let records = task.getattr(intern!(py, "records"))?.downcast_into::<PyList>()?;
-            let released = task.getattr(intern!(py, "released"))?.downcast_into::<PyDict>()?;
+            let (records, released) = (&part.records, &part.released);
             let (code, audits) = match applied {
                 Applied::Dict(result) => (result.get_item(intern!(py, "result"))?, Vec::new()),
                 Applied::Direct { code, result: (key, value), audits } => {
@@ -136,29 +176,32 @@ impl MessageFolder {
                     (code.into_any(), audits)
                 }
             };
-            if let Err(error) = part.encoder.get().__call__(py, &part.out, &records, &released) {
-                return done(i + 1, folded, FAILED, task, error.value(py).as_any());
+            if let Err(error) = part.encoder.get().__call__(py, &part.out, records, released) {
+                return done(&known, &counted, i + 1, folded, FAILED, &task, error.value(py).as_any());
             }
             if let Some(direct) = direct.filter(|_| !audits.is_empty()) {
                 for (key, value) in audits {
                     records.append((direct.audits_topic.bind(py), key, value))?;
                 }
             }
-            let results: i64 = task.getattr(intern!(py, "results"))?.extract()?;
-            task.setattr(intern!(py, "results"), results + 1)?;
-            let before: i64 = match counts.get_item(&code)? {
-                Some(before) => before.extract()?,
-                None => 0,
-            };
-            counts.set_item(&code, before + 1)?;
-            task.setattr(intern!(py, "position"), offset + 1)?;
+            let full = records.len() + part.core.get().change_count(py) >= self.commit_records;
+            let part = &mut known[slot];
+            part.results += 1;
+            part.position = Some(offset + 1);
+            match counted.iter_mut().find(|(known_code, _)| known_code.is(&code)) {
+                Some((_, n)) => *n += 1,
+                None => match counted.iter().position(|(known_code, _)| known_code.eq(&code).unwrap_or(false)) {
+                    Some(at) => counted[at].1 += 1,
+                    None => counted.push((code, 1)),
+                },
+            }
             folded += 1;
             i += 1;
-            if records.len() + part.core.get().change_count(py) >= self.commit_records {
-                return done(i, folded, FULL, task, &none);
+            if full {
+                return done(&known, &counted, i, folded, FULL, &task, &none);
             }
         }
-        done(i, folded, HANDED_BACK, &none, &none)
+        done(&known, &counted, i, folded, HANDED_BACK, &none, &none)
     }
 }
 
