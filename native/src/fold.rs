@@ -132,7 +132,7 @@ pub(crate) const AUDIT_SLOTS: [&str; 15] = ["parent_id", "child_id", "attempt_id
 
 /// The event types compiled here; every other goes to `Fold._apply`.
 const COMPILED_TYPES: &[&str] = &["ChildReserved", "ChildActivated", "UsageReported", "ChildCompleted", "ChildSkipped",
-                                   "CancelAcknowledged", "ChildFailed"];
+                                   "CancelAcknowledged", "ChildFailed", "SpeculativeWinner"];
 
 fn holding_term(state: &str) -> Option<&'static str> {
     match state {
@@ -295,6 +295,10 @@ fn id_fields<'py>(py: Python<'py>, etype: &str) -> [&'py Bound<'py, PyString>; 5
     match etype {
         "ChildReserved" => [event_id, parent_id, child_id, intern!(py, "branch_id"), intern!(py, "attempt_id")],
         "UsageReported" => [event_id, parent_id, child_id, intern!(py, "attempt_id"), intern!(py, "usage_report_id")],
+        "SpeculativeWinner" => {
+            let winner = intern!(py, "winner_attempt_id");
+            [event_id, parent_id, intern!(py, "branch_id"), winner, winner]
+        }
         _ => [event_id, parent_id, child_id, intern!(py, "attempt_id"), intern!(py, "attempt_id")],
     }
 }
@@ -1412,6 +1416,66 @@ fn child_skipped<'py>(ctx: &mut Ctx<'py>, core: &Env) -> Step<()> {
     Ok(())
 }
 
+/// handlers.speculative_winner
+fn speculative_winner<'py>(ctx: &mut Ctx<'py>, core: &Env) -> Step<()> {
+    let py = ctx.py;
+    let parent = find_parent(ctx, core, false)?;
+    let parent_id = item(&parent, intern!(py, "parent_id"))?;
+    let branch_id = ctx.field(intern!(py, "branch_id"))?;
+    let winner_id = ctx.field(intern!(py, "winner_attempt_id"))?;
+    let mut branch = Vec::new();
+    for child_id in item(&parent, intern!(py, "children"))?.try_iter()? {
+        // a child the parent names and the ledger has not: the Python fold says what that is
+        let Some(child) = ctx.child(&parent_id, &child_id?)? else { return Err(Fail::Delegate) };
+        if item(&child, intern!(py, "branch_id"))?.eq(&branch_id)? {
+            branch.push(child);
+        }
+    }
+    let mut winners = Vec::new();
+    for child in &branch {
+        if item(child, intern!(py, "attempt_id"))?.eq(&winner_id)? {
+            winners.push(child);
+        }
+    }
+    if winners.is_empty() {
+        return reject(UNKNOWN_CHILD, format!("no child of branch {} is held by attempt {}", repr(&branch_id)?,
+                                             repr(&winner_id)?));
+    }
+    for child in &winners {
+        if state_of(child)?.to_str()? == STRANDED {
+            return reject(INVALID_TRANSITION, format!("the winning attempt {} holds a stranded child",
+                                                      repr(&winner_id)?));
+        }
+    }
+    let named_winners = sub_dict(&parent, intern!(py, "winners"))?;
+    if let Some(named) = named_winners.get_item(&branch_id)? {
+        if !named.is_none() && named.ne(&winner_id)? {
+            return reject(INVALID_TRANSITION, format!("branch {} already has winner {}", repr(&branch_id)?,
+                                                      repr(&named)?));
+        }
+    }
+    named_winners.set_item(&branch_id, &winner_id)?;
+    let status = text(&item(&parent, intern!(py, "status"))?)?;
+    ctx.audit(&parent_id, None, &status, &status,
+              &format!("speculative winner of branch {}: {}", text(&branch_id)?, text(&winner_id)?), None, None)?;
+    for loser in &branch {
+        let state = state_of(loser)?;
+        if item(loser, intern!(py, "attempt_id"))?.eq(&winner_id)? || !is_live(state.to_str()?) {
+            continue;
+        }
+        if !item(loser, intern!(py, "activated"))?.is_truthy()? {
+            // never dispatched, and now fenced: nothing can have run, so all of it returns
+            release_remainder(ctx, &parent, loser, "speculative_loser")?;
+            set_state(ctx, &parent, loser, RELEASED, "speculative loser, never activated")?;
+        } else if state.to_str()? != CANCEL_REQUESTED {
+            set_state(ctx, &parent, loser, CANCEL_REQUESTED, "speculative loser: asked to cancel")?;
+        }
+    }
+    ctx.touch(&parent, None)?;
+    finish_parent_if_done(ctx, &parent)?;
+    Ok(())
+}
+
 /// handlers._settle_outcome, for a known usage (plainly_valid leaves an uncertain one to the Python fold)
 fn settle_outcome<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound<'py, PyDict>, reason: &str,
                        note: &str) -> Step<()> {
@@ -1756,6 +1820,7 @@ impl FoldCore {
             "ChildSkipped" => child_skipped(ctx, &self.env),
             "CancelAcknowledged" => cancel_acknowledged(ctx, &self.env),
             "ChildFailed" => child_failed(ctx, &self.env),
+            "SpeculativeWinner" => speculative_winner(ctx, &self.env),
             _ => Err(Fail::Delegate),
         };
         match handled {
