@@ -123,12 +123,16 @@ enum Value {
 }
 
 /// The fields of a result and of an audit record, as the slots the core gives their writers (Encoder::slot_order) when
-/// it writes them itself (FoldCore::apply_direct).
-pub(crate) const RESULT_SLOTS: [&str; 10] = ["event_id", "idempotency_key", "parent_id", "child_id", "event_type", "result",
-                                             "detail", "input_partition", "input_offset", "ledger_time_ms"];
-pub(crate) const AUDIT_SLOTS: [&str; 15] = ["parent_id", "child_id", "attempt_id", "dimension", "quantity", "prior_state",
-                                            "new_state", "idempotency_key", "lease_generation", "triggering_event_id",
-                                            "event_type", "input_partition", "input_offset", "ledger_time_ms", "note"];
+/// it writes them itself (FoldCore::apply_with).
+pub(crate) const RESULT_SLOTS: [&str; 10] = [
+    "event_id", "idempotency_key", "parent_id", "child_id", "event_type", "result", "detail", "input_partition",
+    "input_offset", "ledger_time_ms",
+];
+pub(crate) const AUDIT_SLOTS: [&str; 15] = [
+    "parent_id", "child_id", "attempt_id", "dimension", "quantity", "prior_state", "new_state", "idempotency_key",
+    "lease_generation", "triggering_event_id", "event_type", "input_partition", "input_offset", "ledger_time_ms",
+    "note",
+];
 
 /// The event types compiled here; every other goes to `Fold._apply`.
 const COMPILED_TYPES: &[&str] = &["ChildReserved", "ChildActivated", "UsageReported", "ChildCompleted", "ChildSkipped",
@@ -464,7 +468,7 @@ struct Ctx<'py> {
     touched: Vec<(Bound<'py, PyAny>, Bound<'py, PyDict>)>,
     touched_children: Vec<Bound<'py, PyDict>>,
     overdrawn: bool,
-    /// Where the event's audit records are written at once (apply_direct), instead of into `audits` as dicts.
+    /// Where the event's audit records are written at once (FoldCore::apply_with), instead of into `audits` as dicts.
     direct: Option<DirectAudits<'py>>,
 }
 
@@ -480,7 +484,7 @@ struct DirectAudits<'py> {
 /// A record written: (key, value).
 type Written<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>);
 
-/// What FoldCore::apply_direct gives `settle run`'s loop.
+/// What FoldCore::apply_with gives `settle run`'s loop.
 pub(crate) enum Applied<'py> {
     /// The Python fold took the event: its result, and its outputs in `out` (as Fold.apply).
     Dict(Bound<'py, PyAny>),
@@ -1659,12 +1663,14 @@ impl FoldCore {
 
 impl FoldCore {
     /// Fold.apply, with the result and the audit records of an event the core takes written by `direct`'s writers
-    /// at once (as OutputEncoder would write them from their dicts: FoldCore::apply_direct), or as dicts into `out`.
+    /// at once (the bytes OutputEncoder writes from their dicts), or as dicts into `out` (FoldCore::apply, Fold.apply).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn apply_with<'py>(&self, py: Python<'py>, fold: &Bound<'py, PyAny>, event: &Bound<'py, PyAny>,
                                   offset: &Bound<'py, PyAny>, out: &Bound<'py, PyAny>, ledger_tick: bool,
                                   direct: Option<&Direct>) -> PyResult<Applied<'py>> {
-        let delegate = || fold.call_method1(intern!(py, "_apply"), (event, offset, out, ledger_tick)).map(Applied::Dict);
+        let delegate = || {
+            fold.call_method1(intern!(py, "_apply"), (event, offset, out, ledger_tick)).map(Applied::Dict)
+        };
         if ledger_tick {
             return delegate();
         }
@@ -1730,7 +1736,10 @@ impl FoldCore {
         self.check_invariants(&ctx)?;
         let applied = match direct {
             Some(direct) => {
-                let child_id = event_dict.get_item(intern!(py, "child_id"))?.unwrap_or_else(|| py.None().into_bound(py));
+                let child_id = match event_dict.get_item(intern!(py, "child_id"))? {
+                    Some(child_id) => child_id,
+                    None => py.None().into_bound(py),
+                };
                 let detail = if detail.is_empty() { intern!(py, "").clone() } else { PyString::new(py, &detail) };
                 let code = code_name(py, code);
                 let values = [ctx.event_id.clone(), ctx.key.clone(), parent_id.clone(), child_id, etype.clone(),

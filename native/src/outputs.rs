@@ -27,7 +27,7 @@ pub struct OutputEncoder {
 }
 
 /// The first route's records (results) and the last's (audit records), as the compiled fold writes them itself for
-/// `settle run`'s loop (FoldCore::apply_direct): encoded from its values by these routes' writers, without a dict.
+/// `settle run`'s loop (FoldCore::apply_with): encoded from its values by these routes' writers, without a dict.
 pub(crate) struct Direct {
     pub(crate) results_topic: Py<PyString>,
     pub(crate) result_name: Py<PyString>,
