@@ -679,10 +679,12 @@ impl<'py> Ctx<'py> {
         if self.cache.contains(&key)? {
             // looked up first, and cached as absent
             self.cache.del_item(&key)?;
-            let size: i64 = self.sizes.get_item(&key)?.expect("a cached key has a size").extract()?;
-            self.sizes.del_item(&key)?;
-            let cached: i64 = self.view.getattr(intern!(py, "cached_bytes"))?.extract()?;
-            self.view.setattr(intern!(py, "cached_bytes"), cached - size)?;
+            if let Some(size) = self.sizes.get_item(&key)? {
+                let size: i64 = size.extract()?;
+                self.sizes.del_item(&key)?;
+                let cached: i64 = self.view.getattr(intern!(py, "cached_bytes"))?.extract()?;
+                self.view.setattr(intern!(py, "cached_bytes"), cached - size)?;
+            }
         }
         let name = intern!(py, IDEMPOTENCY_RECORD);
         let encoded = match &self.idempotency_writer {
