@@ -8,17 +8,20 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 /// Produce `records` to partition `partition`: (logical topic, key, value) triples, each to `topics[logical]`;
 /// or, with `topic` given, (key, value) pairs, each to `topic`. `report`: the indexes of the records produced with
-/// `on_delivery` (ascending), or None for every record. A full local queue (BufferError) polls 50 ms and tries
+/// `on_delivery` (ascending), or None for every record; with `last_of_each_topic`, the last record of each
+/// topic the records go to (checkpoint._last_of_each_topic: found here, from the end). A full local queue (BufferError) polls 50 ms and tries
 /// the same record again, as `_produce` does. Returns None, or (index, error) for the record whose produce
 /// raised anything else: the caller says which record it was and raises the error.
 #[pyfunction]
-#[pyo3(signature = (producer, records, partition, report, on_delivery, topics=None, topic=None))]
+#[pyo3(signature = (producer, records, partition, report, on_delivery, topics=None, topic=None,
+                    last_of_each_topic=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn produce_records<'py>(py: Python<'py>, producer: &Bound<'py, PyAny>, records: &Bound<'py, PyList>,
                             partition: &Bound<'py, PyAny>, report: Option<Vec<usize>>, on_delivery: &Bound<'py, PyAny>,
-                            topics: Option<&Bound<'py, PyDict>>, topic: Option<&Bound<'py, PyAny>>)
-                            -> PyResult<Option<Bound<'py, PyTuple>>> {
+                            topics: Option<&Bound<'py, PyDict>>, topic: Option<&Bound<'py, PyAny>>,
+                            last_of_each_topic: bool) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let produce = producer.getattr(intern!(py, "produce"))?;
+    let report = if last_of_each_topic { Some(last_of_each(records)?) } else { report };
     let mut reported = report.as_deref().unwrap_or(&[]).iter().peekable();
     for (n, record) in records.iter().enumerate() {
         let record = record.downcast_into::<PyTuple>()?;
@@ -60,4 +63,26 @@ pub fn produce_records<'py>(py: Python<'py>, producer: &Bound<'py, PyAny>, recor
         }
     }
     Ok(None)
+}
+
+/// The indexes (ascending) of the last of `records` ((logical topic, key, value) triples) of each topic.
+fn last_of_each(records: &Bound<'_, PyList>) -> PyResult<Vec<usize>> {
+    let mut seen: Vec<Bound<'_, PyAny>> = Vec::new();
+    let mut last = Vec::new();
+    for n in (0..records.len()).rev() {
+        let topic = records.get_item(n)?.downcast_into::<PyTuple>()?.get_item(0)?;
+        let mut known = false;
+        for other in &seen {
+            if other.is(&topic) || other.eq(&topic)? {
+                known = true;
+                break;
+            }
+        }
+        if !known {
+            seen.push(topic);
+            last.push(n);
+        }
+    }
+    last.reverse();
+    Ok(last)
 }

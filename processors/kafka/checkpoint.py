@@ -79,11 +79,10 @@ def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[i
     for task in tasks:
         p = task.partition
         records, task_changes = task.records, changes[p]
-        last = range(len(records)) if report_every_record else _last_of_each_topic(records)
         last_change = len(task_changes) - 1
-        if produce_records is not None:  # the same calls, from native/src/produce.rs
-            failed = produce_records(producer, records, p, None if report_every_record else sorted(last),
-                                     on_delivery, topics=topics)
+        if produce_records is not None:  # the same calls, from native/src/produce.rs (which finds the last ones)
+            failed = produce_records(producer, records, p, None, on_delivery, topics=topics,
+                                     last_of_each_topic=not report_every_record)
             if failed is not None:
                 n, exc = failed
                 _refused(task, exc, topics[records[n][0]], p, records[n][2])
@@ -93,6 +92,7 @@ def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[i
                 n, exc = failed
                 _refused(task, exc, changelog, p, task_changes[n][1])
             continue
+        last = range(len(records)) if report_every_record else _last_of_each_topic(records)
         target, value = changelog, b""
         try:
             for n, (topic, key, value) in enumerate(records):
