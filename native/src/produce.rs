@@ -10,8 +10,8 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 /// or, with `topic` given, (key, value) pairs, each to `topic`. `report`: the indexes of the records produced with
 /// `on_delivery` (ascending), or None for every record; with `last_of_each_topic`, the last record of each
 /// topic the records go to (checkpoint._last_of_each_topic: found here, from the end). A full local queue
-/// (BufferError) polls 50 ms and tries the same record again, as `_produce` does. Returns None, or (index, error) for the record whose produce
-/// raised anything else: the caller says which record it was and raises the error.
+/// (BufferError) polls 50 ms and tries the same record again, as `_produce` does. Returns None, or (index, error)
+/// for the record whose produce raised anything else: the caller says which record it was and raises the error.
 #[pyfunction]
 #[pyo3(signature = (producer, records, partition, report, on_delivery, topics=None, topic=None,
                     last_of_each_topic=false))]
