@@ -187,15 +187,16 @@ class LedgerView:
         again only for a duplicate (which decodes it), and cached, those of every event would push the ledger's
         parents and children out."""
         record_key = keys.idempotency_key(parent_id, key)
-        if record_key in self._cache:  # looked up first, and cached as absent
-            del self._cache[record_key]
-            self.cached_bytes -= self._sizes.pop(record_key)
+        self._uncache(record_key)  # looked up first, and cached as absent
         self._dirty[record_key] = (IDEMPOTENCY_RECORD, self._encode(IDEMPOTENCY_RECORD, record))
 
-    def _delete(self, key: bytes) -> None:
+    def _uncache(self, key: bytes) -> None:
         if key in self._cache:
             del self._cache[key]
             self.cached_bytes -= self._sizes.pop(key)
+
+    def _delete(self, key: bytes) -> None:
+        self._uncache(key)
         self._dirty[key] = None
 
     def delete_child(self, parent_id: str, child_id: str) -> None:

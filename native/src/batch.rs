@@ -179,7 +179,7 @@ impl MessageFolder {
             if let Err(error) = part.encoder.get().__call__(py, &part.out, records, released) {
                 return done(&known, &counted, i + 1, folded, FAILED, &task, error.value(py).as_any());
             }
-            if let Some(direct) = direct.filter(|_| !audits.is_empty()) {
+            if let Some(direct) = direct {
                 for (key, value) in audits {
                     records.append((direct.audits_topic.bind(py), key, value))?;
                 }
@@ -188,12 +188,9 @@ impl MessageFolder {
             let part = &mut known[slot];
             part.results += 1;
             part.position = Some(offset + 1);
-            match counted.iter_mut().find(|(known_code, _)| known_code.is(&code)) {
+            match counted.iter_mut().find(|(known, _)| known.is(&code) || known.eq(&code).unwrap_or(false)) {
                 Some((_, n)) => *n += 1,
-                None => match counted.iter().position(|(known_code, _)| known_code.eq(&code).unwrap_or(false)) {
-                    Some(at) => counted[at].1 += 1,
-                    None => counted.push((code, 1)),
-                },
+                None => counted.push((code, 1)),
             }
             folded += 1;
             i += 1;

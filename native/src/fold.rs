@@ -15,7 +15,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString};
 
-use crate::outputs::Direct;
+use crate::outputs::{output_key, Direct};
 
 // Child states (projections/model.py).
 const RESERVED: &str = "reserved";
@@ -133,6 +133,20 @@ pub(crate) const AUDIT_SLOTS: [&str; 15] = [
     "lease_generation", "triggering_event_id", "event_type", "input_partition", "input_offset", "ledger_time_ms",
     "note",
 ];
+
+static RESULT_KEYS: pyo3::sync::GILOnceCell<Vec<Py<PyString>>> = pyo3::sync::GILOnceCell::new();
+static AUDIT_KEYS: pyo3::sync::GILOnceCell<Vec<Py<PyString>>> = pyo3::sync::GILOnceCell::new();
+
+/// A record of `values` as a dict, under `names` (RESULT_SLOTS or AUDIT_SLOTS, interned once in `keys`), in that order.
+fn slots_dict<'py>(py: Python<'py>, keys: &'static pyo3::sync::GILOnceCell<Vec<Py<PyString>>>, names: &[&str],
+                   values: &[Bound<'py, PyAny>]) -> PyResult<Bound<'py, PyDict>> {
+    let keys = keys.get_or_init(py, || names.iter().map(|name| PyString::intern(py, name).unbind()).collect());
+    let record = presized(py, values.len() as isize)?;
+    for (key, value) in keys.iter().zip(values) {
+        record.set_item(key.bind(py), value)?;
+    }
+    Ok(record)
+}
 
 /// The event types compiled here; every other goes to `Fold._apply`.
 const COMPILED_TYPES: &[&str] = &["ChildReserved", "ChildActivated", "UsageReported", "ChildCompleted", "ChildSkipped",
@@ -497,13 +511,6 @@ pub(crate) enum Applied<'py> {
     },
 }
 
-/// The key OutputEncoder gives a record of `parent_id`: its UTF-8 (or whatever str.encode says of it).
-fn output_key<'py>(parent_id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    match parent_id.downcast::<PyString>().map(|id| id.to_str()) {
-        Ok(Ok(id)) => Ok(PyBytes::new(parent_id.py(), id.as_bytes()).into_any()),
-        _ => parent_id.call_method0(intern!(parent_id.py(), "encode")),
-    }
-}
 
 impl<'py> Ctx<'py> {
     fn field(&self, name: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
@@ -516,64 +523,33 @@ impl<'py> Ctx<'py> {
              new_state: &str, note: &str, dimension: Option<&Bound<'py, PyAny>>, quantity: Option<i64>)
              -> PyResult<()> {
         let py = self.py;
-        if let Some(direct) = &self.direct {
-            let (child_id, attempt_id, generation) = match child {
-                Some(child) => (item(child, intern!(py, "child_id"))?, item(child, intern!(py, "attempt_id"))?,
-                                item(child, intern!(py, "lease_generation"))?),
-                None => (intern!(py, "").clone().into_any(), intern!(py, "").clone().into_any(),
-                         0i64.into_pyobject(py)?.into_any()),
-            };
-            let none = || py.None().into_bound(py);
-            let values = [parent_id.clone(), child_id, attempt_id, dimension.cloned().unwrap_or_else(none),
-                          match quantity { Some(q) => q.into_pyobject(py)?.into_any(), None => none() },
-                          state_name(py, prior_state).into_any(), state_name(py, new_state).into_any(),
-                          self.key.clone(), generation, self.event_id.clone(), self.etype.clone(),
-                          self.partition.clone(), self.offset.clone(), self.now_ms.into_pyobject(py)?.into_any(),
-                          PyString::new(py, note).into_any()];
-            let mut written = direct.written.borrow_mut();
-            let (records, buffer) = &mut *written;
-            let value = match direct.writer.get().encode_slots(py, &direct.order, &values, buffer) {
-                Ok(bytes) => bytes.into_any(),
-                Err(crate::NotPlain) => {
-                    let record = PyDict::new(py);
-                    for (name, value) in AUDIT_SLOTS.iter().zip(values.iter()) {
-                        record.set_item(*name, value)?;
-                    }
-                    direct.encode.call1((&direct.name, record))?
-                }
-            };
-            records.push((output_key(parent_id)?, value));
-            return Ok(());
-        }
-        let record = presized(py, 15)?;
-        record.set_item(intern!(py, "parent_id"), parent_id)?;
-        match child {
-            Some(child) => {
-                record.set_item(intern!(py, "child_id"), item(child, intern!(py, "child_id"))?)?;
-                record.set_item(intern!(py, "attempt_id"), item(child, intern!(py, "attempt_id"))?)?;
+        let (child_id, attempt_id, generation) = match child {
+            Some(child) => (item(child, intern!(py, "child_id"))?, item(child, intern!(py, "attempt_id"))?,
+                            item(child, intern!(py, "lease_generation"))?),
+            None => (intern!(py, "").clone().into_any(), intern!(py, "").clone().into_any(),
+                     0i64.into_pyobject(py)?.into_any()),
+        };
+        let none = || py.None().into_bound(py);
+        // in AUDIT_SLOTS' order
+        let values = [parent_id.clone(), child_id, attempt_id, dimension.cloned().unwrap_or_else(none),
+                      match quantity { Some(q) => q.into_pyobject(py)?.into_any(), None => none() },
+                      state_name(py, prior_state).into_any(), state_name(py, new_state).into_any(),
+                      self.key.clone(), generation, self.event_id.clone(), self.etype.clone(),
+                      self.partition.clone(), self.offset.clone(), self.now_ms.into_pyobject(py)?.into_any(),
+                      PyString::new(py, note).into_any()];
+        let Some(direct) = &self.direct else {
+            return self.audits.append(slots_dict(py, &AUDIT_KEYS, &AUDIT_SLOTS, &values)?);
+        };
+        let mut written = direct.written.borrow_mut();
+        let (records, buffer) = &mut *written;
+        let value = match direct.writer.get().encode_slots(py, &direct.order, &values, buffer) {
+            Ok(bytes) => bytes.into_any(),
+            Err(crate::NotPlain) => {
+                direct.encode.call1((&direct.name, slots_dict(py, &AUDIT_KEYS, &AUDIT_SLOTS, &values)?))?
             }
-            None => {
-                record.set_item(intern!(py, "child_id"), intern!(py, ""))?;
-                record.set_item(intern!(py, "attempt_id"), intern!(py, ""))?;
-            }
-        }
-        record.set_item(intern!(py, "dimension"), dimension)?;
-        record.set_item(intern!(py, "quantity"), quantity)?;
-        record.set_item(intern!(py, "prior_state"), state_name(py, prior_state))?;
-        record.set_item(intern!(py, "new_state"), state_name(py, new_state))?;
-        record.set_item(intern!(py, "idempotency_key"), &self.key)?;
-        match child {
-            Some(child) => record.set_item(intern!(py, "lease_generation"),
-                                           item(child, intern!(py, "lease_generation"))?)?,
-            None => record.set_item(intern!(py, "lease_generation"), 0)?,
-        }
-        record.set_item(intern!(py, "triggering_event_id"), &self.event_id)?;
-        record.set_item(intern!(py, "event_type"), &self.etype)?;
-        record.set_item(intern!(py, "input_partition"), &self.partition)?;
-        record.set_item(intern!(py, "input_offset"), &self.offset)?;
-        record.set_item(intern!(py, "ledger_time_ms"), self.now_ms)?;
-        record.set_item(intern!(py, "note"), note)?;
-        self.audits.append(record)
+        };
+        records.push((output_key(parent_id)?, value));
+        Ok(())
     }
 
     /// context.EventContext.release
@@ -687,11 +663,10 @@ impl<'py> Ctx<'py> {
             }
         }
         let name = intern!(py, IDEMPOTENCY_RECORD);
-        let encoded = match &self.idempotency_writer {
-            Some(writer) => match writer.get().encode_with(py, record, &mut Vec::with_capacity(128)) {
-                Ok(bytes) => bytes.into_any(),
-                Err(crate::NotPlain) => self.view.getattr(intern!(py, "_encode"))?.call1((name, record))?,
-            },
+        let compiled = self.idempotency_writer.as_ref()
+            .and_then(|writer| writer.get().encode_with(py, record, &mut Vec::with_capacity(128)).ok());
+        let encoded = match compiled {
+            Some(bytes) => bytes.into_any(),
             None => self.view.getattr(intern!(py, "_encode"))?.call1((name, record))?,
         };
         self.dirty.set_item(key, (name, encoded))
@@ -1736,25 +1711,23 @@ impl FoldCore {
             Err(Fail::Reject(..)) => unreachable!("apply_once returns rejections as outcomes"),
         };
         self.check_invariants(&ctx)?;
+        let child_id = match event_dict.get_item(intern!(py, "child_id"))? {
+            Some(child_id) => child_id,
+            None => py.None().into_bound(py),
+        };
+        let detail = if detail.is_empty() { intern!(py, "").clone() } else { PyString::new(py, &detail) };
+        let code = code_name(py, code);
+        // in RESULT_SLOTS' order
+        let values = [ctx.event_id.clone(), ctx.key.clone(), parent_id.clone(), child_id, etype.clone(),
+                      code.clone().into_any(), detail.into_any(), ctx.partition.clone(), offset.clone(),
+                      ctx.now_ms.into_pyobject(py)?.into_any()];
         let applied = match direct {
             Some(direct) => {
-                let child_id = match event_dict.get_item(intern!(py, "child_id"))? {
-                    Some(child_id) => child_id,
-                    None => py.None().into_bound(py),
-                };
-                let detail = if detail.is_empty() { intern!(py, "").clone() } else { PyString::new(py, &detail) };
-                let code = code_name(py, code);
-                let values = [ctx.event_id.clone(), ctx.key.clone(), parent_id.clone(), child_id, etype.clone(),
-                              code.clone().into_any(), detail.into_any(), ctx.partition.clone(), offset.clone(),
-                              ctx.now_ms.into_pyobject(py)?.into_any()];
                 let mut buffer = Vec::with_capacity(256);
                 let value = match direct.result.get().encode_slots(py, &direct.result_order, &values, &mut buffer) {
                     Ok(bytes) => bytes.into_any(),
                     Err(crate::NotPlain) => {
-                        let record = PyDict::new(py);
-                        for (name, value) in RESULT_SLOTS.iter().zip(values.iter()) {
-                            record.set_item(*name, value)?;
-                        }
+                        let record = slots_dict(py, &RESULT_KEYS, &RESULT_SLOTS, &values)?;
                         direct.encode.bind(py).call1((direct.result_name.bind(py), record))?
                     }
                 };
@@ -1762,21 +1735,7 @@ impl FoldCore {
                 Applied::Direct { code, result: (output_key(&parent_id)?, value), audits }
             }
             None => {
-                let result = presized(py, 10)?;
-                result.set_item(intern!(py, "event_id"), &ctx.event_id)?;
-                result.set_item(intern!(py, "idempotency_key"), &ctx.key)?;
-                result.set_item(intern!(py, "parent_id"), &parent_id)?;
-                result.set_item(intern!(py, "child_id"), event_dict.get_item(intern!(py, "child_id"))?)?;
-                result.set_item(intern!(py, "event_type"), &etype)?;
-                result.set_item(intern!(py, "result"), code_name(py, code))?;
-                if detail.is_empty() {
-                    result.set_item(intern!(py, "detail"), intern!(py, ""))?;
-                } else {
-                    result.set_item(intern!(py, "detail"), detail)?;
-                }
-                result.set_item(intern!(py, "input_partition"), &ctx.partition)?;
-                result.set_item(intern!(py, "input_offset"), offset)?;
-                result.set_item(intern!(py, "ledger_time_ms"), ctx.now_ms)?;
+                let result = slots_dict(py, &RESULT_KEYS, &RESULT_SLOTS, &values)?;
                 out_list(intern!(py, "results"))?.append(&result)?;
                 Applied::Dict(result.into_any())
             }

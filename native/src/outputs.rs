@@ -19,6 +19,14 @@ struct Route {
 /// `(out, records, released)`: each of `out`'s records, route by route, appended to `records` as (topic, the
 /// parent id's UTF-8, the record's encoding); each release's quantity added to `released` under (dimension,
 /// destination); then `out` cleared (its route lists, which are those Outputs.clear clears).
+/// The key of an output record of `parent_id`: its UTF-8 (or whatever str.encode says of it).
+pub(crate) fn output_key<'py>(parent_id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    match parent_id.downcast::<PyString>().map(|id| id.to_str()) {
+        Ok(Ok(id)) => Ok(PyBytes::new(parent_id.py(), id.as_bytes()).into_any()),
+        _ => parent_id.call_method0(intern!(parent_id.py(), "encode")),
+    }
+}
+
 #[pyclass(frozen, module = "branch_settlement_native")]
 pub struct OutputEncoder {
     routes: Vec<Route>,
@@ -73,11 +81,7 @@ impl OutputEncoder {
             taken.push(list.clone());
             let encoder = route.encoder.get();
             for record in list.iter() {
-                let parent_id = record.get_item(intern!(py, "parent_id"))?;
-                let key = match parent_id.downcast::<PyString>().map(|id| id.to_str()) {
-                    Ok(Ok(id)) => PyBytes::new(py, id.as_bytes()).into_any(),
-                    _ => parent_id.call_method0(intern!(py, "encode"))?, // whatever str.encode says of it
-                };
+                let key = output_key(&record.get_item(intern!(py, "parent_id"))?)?;
                 let value = match encoder.encode_with(py, &record, &mut buffer) {
                     Ok(bytes) => bytes.into_any(),
                     Err(NotPlain) => self.encode.bind(py).call1((route.name.bind(py), &record))?,
