@@ -62,7 +62,8 @@ def main() -> int:
             step, ms = part.rsplit(" ", 1)
             totals[step] = totals.get(step, 0.0) + float(ms)
     print(f"{run.throughput.records:,} input records in {wall_s:.2f} s: {run.throughput.records / wall_s:,.0f}/s; "
-          f"{checkpoints} checkpoints, {events / max(checkpoints, 1):,.0f} events each")
+          f"{checkpoints} checkpoints, {events / max(checkpoints, 1):,.0f} events each; "
+          f"CPU {run.cpu_us_per_record or 0:.1f} µs per input record (every thread)")
     print(f"{'step':<18}{'total ms':>10}{'share of the run':>18}{'ms per checkpoint':>20}")
     for step, ms in totals.items():
         print(f"{step:<18}{ms:>10.0f}{ms / 10 / wall_s:>17.1f}%{ms / max(checkpoints, 1):>20.1f}")
