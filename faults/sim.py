@@ -430,6 +430,8 @@ def _incarnation(processor: Processor, broker: Broker, plan: Plan, checkpoint_ra
                 make_due_ticks(processor, broker, p, len(broker.inputs[p]))
         if rng.random() < checkpoint_rate or consumer.done():
             processor.checkpoint()
+        elif rng.random() < 0.5:  # as step() does between checkpoints: the outputs into the open transaction
+            processor._produce_folded()
         if consumer.done() and not any(t.has_work() for t in processor.tasks.values()) and all(
                 broker.group_offsets.get(p, 0) == len(broker.inputs[p]) for p in broker.inputs) and all(
                 len(broker.log("ledger-ticks", p).committed()) == len(broker.clock[p]) for p in broker.inputs):

@@ -60,10 +60,71 @@ def encode_checkpoint(tasks: list[PartitionTask], topics: dict[str, str]) -> tup
     return count, changes
 
 
+class Transaction:
+    """A checkpoint's Kafka transaction, from its first record to its commit or abort. The processor produces
+    each consumed batch's outputs into it as soon as they are folded (`produce_folded`: librdkafka sends them
+    while the next events fold, so the checkpoint's flush waits for less); the checkpoint produces the rest, the
+    ledger changes, sends the offsets and commits. Nothing is readable before the commit (read_committed), and an
+    abort takes every record along. Records of a partition whose work is discarded before the commit (a stopped
+    or lost partition) cannot be taken out of it: `spoil` says so, and the checkpoint aborts instead."""
+
+    def __init__(self, producer: Producer, tasks: dict[int, PartitionTask], topics: dict[str, str]) -> None:
+        self.producer = producer
+        self.tasks = tasks  # partition -> task: whose records a delivery report is about
+        self.changelog = topics["ledger-changelog"]
+        self.begun = False
+        self.partitions: set[int] = set()  # of the records produced before the checkpoint
+        self.spoiled: KafkaException | None = None
+        self.failures: list[KafkaError] = []
+        self.changelog_offsets: dict[int, int] = {}
+        # (topic, partition) -> offset of the last record delivered there (CheckpointResult.last_offsets)
+        self.last_offsets: dict[tuple[str, int], int] = {}
+
+    def begin(self) -> None:
+        if not self.begun:
+            self.producer.begin_transaction()
+            self.begun = True
+
+    def spoil(self, reason: str | KafkaException) -> None:
+        """Some of this transaction's records must never be committed: the checkpoint aborts it (the first
+        reason given is the one told)."""
+        if self.spoiled is None:
+            self.spoiled = (reason if isinstance(reason, KafkaException)
+                            else KafkaException(KafkaError(KafkaError._STATE, reason)))
+
+    def delivered(self, err, msg) -> None:
+        if err is not None:
+            self.failures.append(err)
+            task = self.tasks.get(msg.partition())
+            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE and task is not None:
+                task.too_large = (f"the broker refused a record of {len(msg.value() or b'')} bytes for "
+                                  f"{msg.topic()}[{msg.partition()}] as too large ({err.str()}): the "
+                                  "topic's max.message.bytes is below what the processor writes")
+            return
+        topic, p, offset = msg.topic(), msg.partition(), msg.offset()
+        self.last_offsets[(topic, p)] = offset
+        if topic == self.changelog:
+            self.changelog_offsets[p] = max(self.changelog_offsets.get(p, -1), offset)
+
+
+def produce_folded(transaction: Transaction, tasks: list[PartitionTask], topics: dict[str, str]) -> None:
+    """Produce what `tasks` folded since their records were last produced, into `transaction` (begun here if it
+    was not), with a delivery report for the last record of each topic. A record refused raises, as in a
+    checkpoint; the caller spoils the transaction."""
+    for task in tasks:
+        start = task.produced
+        if start == len(task.records):
+            continue
+        transaction.begin()
+        transaction.partitions.add(task.partition)
+        task.produced = len(task.records)
+        _produce_outputs(transaction.producer, task, task.records[start:], topics, transaction.delivered, False)
+
+
 def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[int, list],
                  topics: dict[str, str], on_delivery, report_every_record: bool = False) -> None:
-    """Every record of the checkpoint, each partition's outputs and ticks (in input order) then its ledger
-    changes.
+    """Every record of the checkpoint not produced yet: each partition's outputs and ticks (in input order) then its
+    ledger changes.
 
     One delivery report per topic-partition: its last record's. The changelog's gives the offset the
     projection is written with (a partition's records are delivered in order); all of them tell the
@@ -78,32 +139,48 @@ def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[i
     produce_records = native.compiled_function("produce_records")  # native/src/produce.rs
     for task in tasks:
         p = task.partition
-        records, task_changes = task.records, changes[p]
+        records = task.records[task.produced:] if task.produced else task.records
+        task.produced = len(task.records)
+        _produce_outputs(producer, task, records, topics, on_delivery, report_every_record)
+        task_changes = changes[p]
         last_change = len(task_changes) - 1
-        if produce_records is not None:  # the same calls, from native/src/produce.rs (which finds the last ones)
-            failed = produce_records(producer, records, p, None, on_delivery, topics=topics,
-                                     last_of_each_topic=not report_every_record)
-            if failed is not None:
-                n, exc = failed
-                _refused(task, exc, topics[records[n][0]], p, records[n][2])
+        if produce_records is not None:  # the same calls, from native/src/produce.rs
             reported = None if report_every_record else [last_change] if task_changes else []
             failed = produce_records(producer, task_changes, p, reported, on_delivery, topic=changelog)
             if failed is not None:
                 n, exc = failed
                 _refused(task, exc, changelog, p, task_changes[n][1])
             continue
-        last = range(len(records)) if report_every_record else _last_of_each_topic(records)
-        target, value = changelog, b""
+        value = b""
         try:
-            for n, (topic, key, value) in enumerate(records):
-                target = topics[topic]
-                _produce(producer, target, p, key, value, on_delivery if n in last else None)
-            target = changelog
             for n, (key, value) in enumerate(task_changes):
                 _produce(producer, changelog, p, key, value,
                          on_delivery if n == last_change or report_every_record else None)
         except KafkaException as exc:
-            _refused(task, exc, target, p, value)
+            _refused(task, exc, changelog, p, value)
+
+
+def _produce_outputs(producer: Producer, task: PartitionTask, records: list, topics: dict[str, str], on_delivery,
+                     report_every_record: bool) -> None:
+    """Produce `records` (some of `task`'s outputs and ticks, in order), with a delivery report for the last of
+    each topic, or for each with `report_every_record`."""
+    p = task.partition
+    produce_records = native.compiled_function("produce_records")  # native/src/produce.rs
+    if produce_records is not None:  # the same calls, from native/src/produce.rs (which finds the last ones)
+        failed = produce_records(producer, records, p, None, on_delivery, topics=topics,
+                                 last_of_each_topic=not report_every_record)
+        if failed is not None:
+            n, exc = failed
+            _refused(task, exc, topics[records[n][0]], p, records[n][2])
+        return
+    last = range(len(records)) if report_every_record else _last_of_each_topic(records)
+    target, value = "", b""
+    try:
+        for n, (topic, key, value) in enumerate(records):
+            target = topics[topic]
+            _produce(producer, target, p, key, value, on_delivery if n in last else None)
+    except KafkaException as exc:
+        _refused(task, exc, target, p, value)
 
 
 def _refused(task: PartitionTask, exc: BaseException, target: str, partition: int, value: bytes | None) -> None:
@@ -132,13 +209,16 @@ def _last_of_each_topic(records: list) -> set[int]:
 
 
 def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], topics: dict[str, str],
-                      timeout_s: float, report_every_record: bool = False) -> CheckpointResult:
+                      timeout_s: float, report_every_record: bool = False,
+                      transaction: Transaction | None = None) -> CheckpointResult:
     """Make the work buffered since the last checkpoint durable, exactly once, in this order:
 
     1. take every output and dead letter (encoded as they were folded, in input order), encode the ledger
        changes (with the partition's next input offset);
-    2. begin a transaction; produce the outputs to the same partition number of their topics, the ledger
-       changes to the same partition of `ledger-changelog`, the ticks to the same partition of `ledger-ticks`;
+    2. begin a transaction, or go on with `transaction`, into which the processor produced outputs as they were
+       folded (a spoiled one is aborted instead); produce the rest of the outputs to the same partition number
+       of their topics, the ticks to the same partition of `ledger-ticks`, the ledger changes to the same
+       partition of `ledger-changelog`;
     3. flush, then send the input offsets of every owned partition with the consumer's group metadata
        (KIP-447: a zombie of an older group generation is fenced here, even for a checkpoint of ticks);
     4. commit the transaction (retried while librdkafka says the commit is retriable);
@@ -165,38 +245,22 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
 
     count, changes = encode_checkpoint(tasks, topics)
     phase("encode")
-    changelog_offsets: dict[int, int] = {}
-    last_offsets: dict[tuple[str, int], int] = {}
-    failures: list[KafkaError] = []
-    changelog = topics["ledger-changelog"]
-
-    def delivered(err, msg) -> None:
-        if err is not None:
-            failures.append(err)
-            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                for task in tasks:
-                    if task.partition == msg.partition():
-                        task.too_large = (f"the broker refused a record of {len(msg.value() or b'')} bytes for "
-                                          f"{msg.topic()}[{msg.partition()}] as too large ({err.str()}): the "
-                                          "topic's max.message.bytes is below what the processor writes")
-            return
-        topic, p, offset = msg.topic(), msg.partition(), msg.offset()
-        last_offsets[(topic, p)] = offset
-        if topic == changelog:
-            changelog_offsets[p] = max(changelog_offsets.get(p, -1), offset)
-
+    txn = (transaction if transaction is not None and transaction.producer is producer
+           else Transaction(producer, {task.partition: task for task in tasks}, topics))
     offsets = [TopicPartition(topics["branch-events"], t.partition,
                               t.position if t.position is not None else t.committed_position)
                for t in tasks if t.position is not None or t.committed_position >= 0]
     try:
-        producer.begin_transaction()
-        _produce_all(producer, tasks, changes, topics, delivered, report_every_record)
+        if txn.spoiled is not None:
+            raise txn.spoiled
+        txn.begin()
+        _produce_all(producer, tasks, changes, topics, txn.delivered, report_every_record)
         phase("produce")
         faults.crash_point("after_produce")
         undelivered = bounded("flush", producer.flush, timeout_s, timeout_s=timeout_s)
         phase("flush")
-        if failures:
-            raise KafkaException(failures[0])
+        if txn.failures:
+            raise KafkaException(txn.failures[0])
         if undelivered:  # the broker is unreachable: this transaction cannot commit, don't wait on it further
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
                                             f"{undelivered} records undelivered after {timeout_s:.1f} s"))
@@ -225,15 +289,15 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
     released: dict[tuple[str, str], int] = {}
     for task in tasks:
         task_changes = changes[task.partition]
-        if task_changes and task.partition not in changelog_offsets:
+        if task_changes and task.partition not in txn.changelog_offsets:
             raise KafkaFailure(f"partition {task.partition}: changelog committed without delivery reports")
         for key, quantity in task.forget_committed().items():
             released[key] = released.get(key, 0) + quantity
     for task in tasks:
-        task.write_committed(changes[task.partition], changelog_offsets.get(task.partition))
+        task.write_committed(changes[task.partition], txn.changelog_offsets.get(task.partition))
     phase("store")
     return CheckpointResult(committed=True, events=events, records=count, released=released,
-                            phases_ms=phases, last_offsets=last_offsets)
+                            phases_ms=phases, last_offsets=txn.last_offsets)
 
 
 def _produce(producer: Producer, topic: str, partition: int, key: bytes | None, value: bytes | None,

@@ -67,6 +67,7 @@ class PartitionTask:
         self._encode_outputs = output_encoder(codec)
         # Everything produced since the last checkpoint, encoded, in input order: (logical topic, key, value).
         self.records: list[tuple[str, bytes | None, bytes]] = []
+        self.produced = 0  # how many of `records` are in the open transaction already (checkpoint.produce_folded)
         self.results = 0  # events folded since the last checkpoint
         self.dead_letters = 0
         self.released: dict[tuple[str, str], int] = {}  # (dimension, destination) -> quantity, uncommitted
@@ -146,6 +147,7 @@ class PartitionTask:
     def _clear(self) -> None:
         self.out.clear()
         self.records.clear()
+        self.produced = 0
         self.results = self.dead_letters = 0
         self.released = {}
         self.position = None

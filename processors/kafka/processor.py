@@ -1,9 +1,10 @@
 """`settle run`: the exactly-once settlement processor.
 
 A consumer-group member on `branch-events`. For each assigned partition it restores the RocksDB projection
-from the changelog, then folds the partition's events in order. Outputs and ledger changes stay in memory
-until a checkpoint (every `commit_interval_ms` or `commit_events` events) commits them with the input
-offsets in one Kafka transaction (processors/kafka/checkpoint.py); only then is RocksDB written.
+from the changelog, then folds the partition's events in order. Ledger changes stay in memory until a checkpoint
+(every `commit_interval_ms` or `commit_events` events) commits them, the outputs and the input offsets in one Kafka
+transaction (processors/kafka/checkpoint.py); only then is RocksDB written. The outputs go into that transaction
+as each consumed batch is folded: nothing is readable before the commit.
 
 This module holds the loop and the class that composes the rest: its clients (processor_clients.py), taking
 over partitions (assignment.py) and giving them back (rebalance.py), inputs the fold cannot take
@@ -23,7 +24,7 @@ from confluent_kafka.admin import AdminClient
 from branch_settlement.processors import gc_tuning
 from branch_settlement.processors.kafka import rebalance
 from branch_settlement.processors.kafka.assignment import committed_offsets, input_partition_count, load_tasks
-from branch_settlement.processors.kafka.checkpoint import commit_checkpoint
+from branch_settlement.processors.kafka.checkpoint import Transaction, commit_checkpoint, produce_folded
 from branch_settlement.processors.kafka.config import ProcessorConfig
 from branch_settlement.processors.kafka.errors import KafkaFailure, RecordTooLarge
 from branch_settlement.processors.kafka.fold_failures import dead_letter, stop_partition
@@ -73,6 +74,8 @@ class Processor:
         # time an event waits for its commit does not grow with the checkpoint's own duration).
         self.last_checkpoint = time.monotonic()
         self.producer: Producer | None = None
+        # The checkpoint's transaction once something was produced into it before the checkpoint (produce_folded).
+        self.transaction: Transaction | None = None
         self.consumer: Consumer | None = None
         self.fence_retries = 0  # fences since the last commit (recovery.py)
         # After a checkpoint that did not commit, the next asks for a delivery report per record (checkpoint.py).
@@ -186,6 +189,8 @@ class Processor:
         self.metrics.kafka_queue_messages.set(len(self.producer))
         if self._checkpoint_due():
             self.checkpoint()
+        else:
+            self._produce_folded()
 
     def _fold_batch(self, messages: list) -> None:
         """Fold a consumed batch in order: runs of plain messages in the compiled loop where there is one, every
@@ -201,7 +206,7 @@ class Processor:
                 i, folded, status, task, failure = folder.fold(messages, i, parts, self._event_counters.pending)
                 self.events_since_checkpoint += folded
                 if status == folder.FAILED:
-                    stop_partition(task, failure, self.consumer, self.topics["branch-events"], self.metrics)
+                    self._stop_partition(task, failure)
                     parts = self._fast_parts()
                     continue
                 if status == folder.FULL:
@@ -251,7 +256,7 @@ class Processor:
             try:
                 result = task.apply(event, offset)
             except Exception as failure:  # an InvariantViolation, or any other bug in the fold
-                stop_partition(task, failure, self.consumer, self.topics["branch-events"], self.metrics)
+                self._stop_partition(task, failure)
                 return None
             self._event_counters.count(result["result"])
         task.position = offset + 1
@@ -263,12 +268,42 @@ class Processor:
         try:
             task.fold_tick(tick)
         except Exception as failure:  # an InvariantViolation in a timer it fired, or any other bug
-            stop_partition(task, failure, self.consumer, self.topics["branch-events"], self.metrics)
+            self._stop_partition(task, failure)
+
+    def _stop_partition(self, task: PartitionTask, failure: Exception) -> None:
+        self.spoil_transaction({task.partition}, "stopped")
+        stop_partition(task, failure, self.consumer, self.topics["branch-events"], self.metrics)
+
+    def spoil_transaction(self, partitions: set[int], what: str) -> None:
+        """The work of `partitions` is being discarded: if the open transaction holds records of theirs, it must
+        not commit. The next checkpoint aborts it and rewinds every partition (recovery.py)."""
+        txn = self.transaction
+        if txn is not None and txn.partitions & partitions:
+            txn.spoil(f"partitions {sorted(txn.partitions & partitions)} {what} with outputs in the open "
+                      "transaction")
+
+    def _produce_folded(self) -> None:
+        """Hand what was folded to librdkafka now, into the checkpoint's transaction (checkpoint.Transaction). Not
+        after a checkpoint that did not commit: the next produces every record itself, each with a report."""
+        if self.report_every_record:
+            return
+        tasks = [task for task in self.tasks.values() if task.produced < len(task.records) and not task.stopped]
+        if not tasks:
+            return
+        if self.transaction is None:
+            self.transaction = Transaction(self.producer, self.tasks, self.topics)
+        try:
+            produce_folded(self.transaction, tasks, self.topics)
+        except KafkaException as exc:  # a record refused, or a producer that cannot begin a transaction
+            self.transaction.spoil(exc)
+            self.checkpoint()
 
     def _has_work(self) -> bool:
         return any(task.has_work() for task in self.tasks.values())
 
     def _checkpoint_due(self) -> bool:
+        if self.transaction is not None and self.transaction.spoiled is not None:
+            return True  # to abort it
         if not self._has_work():
             return False
         if self.events_since_checkpoint >= self.config.commit_events:
@@ -282,9 +317,10 @@ class Processor:
         committed. A checkpoint that did not commit has recovered already (recovery.py), or raised."""
         started = time.monotonic()
         tasks = [task for task in self.tasks.values() if not task.stopped]
+        transaction, self.transaction = self.transaction, None
         try:
             result = commit_checkpoint(self.producer, self.consumer, tasks, self.topics, call_timeout_s(self.config),
-                                       self.report_every_record)
+                                       self.report_every_record, transaction)
         except KafkaFailure as exc:
             recover(self, exc, tasks)
             result = None

@@ -49,6 +49,7 @@ def on_lost(processor: Processor, consumer: Consumer, partitions: list[TopicPart
     processor.lost_at = time.monotonic()
     lost = {tp.partition for tp in partitions}
     _drop(processor, [tp.partition for tp in partitions], lost)
+    processor.spoil_transaction(lost, "lost")
     log.warning("lost partitions %s (session expired): uncommitted work discarded",
                 sorted(tp.partition for tp in partitions))
 
