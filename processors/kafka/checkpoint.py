@@ -219,8 +219,9 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
        folded (a spoiled one is aborted instead); produce the rest of the outputs to the same partition number
        of their topics, the ticks to the same partition of `ledger-ticks`, the ledger changes to the same
        partition of `ledger-changelog`;
-    3. flush, then send the input offsets of every owned partition with the consumer's group metadata
-       (KIP-447: a zombie of an older group generation is fenced here, even for a checkpoint of ticks);
+    3. send the input offsets of every owned partition with the consumer's group metadata (KIP-447: a zombie
+       of an older group generation is fenced here, even for a checkpoint of ticks), then flush: any record
+       that failed aborts the transaction;
     4. commit the transaction (retried while librdkafka says the commit is retriable);
     5. only then forget the buffers and write each partition's RocksDB batch with the offset of its last
        changelog record. A failing RocksDB write after the commit raises: restore repairs the store.
@@ -257,6 +258,14 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
         _produce_all(producer, tasks, changes, topics, txn.delivered, report_every_record)
         phase("produce")
         faults.crash_point("after_produce")
+        # The offsets go while librdkafka still delivers the records (to the coordinators, on connections of their
+        # own); a record that fails makes the transaction abort all the same, offsets included.
+        faults.pause_point("before_send_offsets")
+        if offsets:
+            bounded("send_offsets_to_transaction", producer.send_offsets_to_transaction, offsets,
+                    consumer.consumer_group_metadata(), timeout_s, timeout_s=timeout_s)
+        phase("offsets")
+        faults.crash_point("after_send_offsets")
         undelivered = bounded("flush", producer.flush, timeout_s, timeout_s=timeout_s)
         phase("flush")
         if txn.failures:
@@ -264,12 +273,6 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
         if undelivered:  # the broker is unreachable: this transaction cannot commit, don't wait on it further
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
                                             f"{undelivered} records undelivered after {timeout_s:.1f} s"))
-        faults.pause_point("before_send_offsets")
-        if offsets:
-            bounded("send_offsets_to_transaction", producer.send_offsets_to_transaction, offsets,
-                    consumer.consumer_group_metadata(), timeout_s, timeout_s=timeout_s)
-        phase("offsets")
-        faults.crash_point("after_send_offsets")
     except TransactionCallStuck as exc:
         # Not aborted: an abort would queue behind the stuck call. The next producer's init_transactions
         # aborts the transaction (a new epoch); the stuck one can commit nothing.

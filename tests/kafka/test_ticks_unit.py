@@ -208,7 +208,7 @@ class _RefusingProducer:
             raise KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT, "abortable", txn_requires_abort=True))
 
     def commit_transaction(self, timeout=None) -> None:
-        pass
+        self.send_offsets_to_transaction(None, None)  # librdkafka: abortable once any record failed
 
     def abort_transaction(self, timeout=None) -> None:
         pass
