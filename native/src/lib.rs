@@ -18,6 +18,7 @@ mod batch;
 mod fold;
 mod outputs;
 mod produce;
+mod stats;
 mod store;
 
 // Plan kinds, as codegen.py numbers them.
@@ -723,7 +724,8 @@ fn branch_settlement_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<batch::MessageFolder>()?;
     m.add_function(wrap_pyfunction!(produce::produce_records, m)?)?;
     m.add_function(wrap_pyfunction!(store::fill_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::apply_ledger_changes, m)?)?;
     m.add_function(wrap_pyfunction!(fold::murmur2_py, m)?)?;
-    m.add("PLAN_VERSION", 3)?;
+    m.add("PLAN_VERSION", 4)?;
     Ok(())
 }

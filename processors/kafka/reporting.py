@@ -25,6 +25,7 @@ from branch_settlement.processors.kafka.partition import PartitionTask
 from branch_settlement.processors.kafka.txn_guard import stuck_calls
 from branch_settlement.processors.ledger.outputs import OUTPUT_ROUTES
 from branch_settlement.projections import keys, model
+from branch_settlement.schemas import native
 
 log = logging.getLogger("settle.metrics")
 
@@ -264,6 +265,10 @@ class LedgerStats:
     # -- a checkpoint's changes, before they are written ------------------------------------------------
 
     def apply(self, changes: list) -> None:
+        compiled = native.compiled_function("apply_ledger_changes")  # native/src/stats.rs
+        if compiled is not None and type(changes) is list:
+            compiled(changes, self._layout())  # the plain changes compiled, each other one by the methods below
+            return
         child, parent = _CHILD, _PARENT
         for key, value in changes:
             kind = key[0]  # one byte names a record's kind (projections/keys.py)
@@ -271,6 +276,13 @@ class LedgerStats:
                 self._change_child(key, value)
             elif kind == parent:
                 self._change_parent(key, value)
+
+    def _layout(self) -> tuple:
+        """What native/src/stats.rs reads of these gauges and of the record layout, in its order."""
+        fields = self._fields
+        return (_CHILD, _PARENT, fields._child, fields._parent, _STATES, UNSETTLED_STATES, model.STRANDED,
+                model.PARENT_OPEN, self._unsettled, self._open, self.children, self._store.get, self._change_child,
+                self._change_parent)
 
     def _change_child(self, key: bytes, value: bytes | None) -> None:
         new = None if value is None else self._fields.child_state(value)

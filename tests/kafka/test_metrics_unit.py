@@ -24,6 +24,7 @@ from branch_settlement.processors.kafka.partition import PartitionTask
 from branch_settlement.processors.kafka.processor import Processor
 from branch_settlement.projections import keys, model
 from branch_settlement.projections.store import RocksStore
+from branch_settlement.schemas import native
 from branch_settlement.schemas.codec import SCHEMA_DIR, default_codec
 from branch_settlement.schemas.partitioning import partition_of
 from tests.ledger.test_reference_model import Stream
@@ -174,9 +175,16 @@ def fold_and_compare(tmp_path: Path, seed: int, hooked: bool) -> dict[str, bool]
     return seen
 
 
+@pytest.mark.parametrize("implementation", [native.COMPILED, native.PYTHON])
 @pytest.mark.parametrize("hooked", [True, False], ids=["tracked-at-load", "tracked-at-first-commit"])
 @pytest.mark.parametrize("seed", SEEDS)
-def test_ledger_gauges_agree_with_a_recount_after_every_checkpoint(tmp_path: Path, seed: int, hooked: bool) -> None:
+def test_ledger_gauges_agree_with_a_recount_after_every_checkpoint(tmp_path: Path, seed: int, hooked: bool,
+                                                                   implementation: str, monkeypatch) -> None:
+    """Both implementations of LedgerStats.apply (native/src/stats.rs and the Python loop it falls back to)."""
+    if implementation == native.COMPILED and native.module() is None:
+        pytest.skip("needs the compiled module")  # CI builds it: never skipped there
+    monkeypatch.setenv(native.ENV, implementation)
+    assert (native.compiled_function("apply_ledger_changes") is not None) == (implementation == native.COMPILED)
     fold_and_compare(tmp_path, seed, hooked)
 
 
