@@ -10,9 +10,9 @@ allocated since. Nor do the collections between two checkpoints run every 700 ne
 a young collection every few events that scans again what the fold keeps until the checkpoint: ~6% of the
 processor's main thread): the young generation's threshold is `YOUNG_THRESHOLD`, and each checkpoint collects
 the objects made since the last one itself, once, before it freezes the survivors, so a cycle that became
-garbage meanwhile is reclaimed there. A full collection still runs now and then (every `FULL_COLLECTION_CHECKPOINTS` checkpoints
-of the process, at most `FULL_COLLECTION_INTERVAL_S` apart), between two checkpoints, to reclaim what cycles
-were frozen meanwhile (an exception kept with its traceback, a replaced client with its callbacks): what the
+garbage meanwhile is reclaimed there. A full collection still runs now and then (every
+`FULL_COLLECTION_CHECKPOINTS` checkpoints of the process, at most `FULL_COLLECTION_INTERVAL_S` apart), between
+two checkpoints, to reclaim what cycles were frozen meanwhile (an exception kept with its traceback, a replaced client with its callbacks): what the
 freezing costs is that they live until then. Process-wide, as the collector is.
 """
 
