@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 use crate::fold::{Applied, FoldCore};
-use crate::outputs::OutputEncoder;
+use crate::outputs::{OutLists, OutputEncoder};
 use crate::Decoder;
 
 /// The loop stopped at a message the Python loop takes itself (or at the end of the batch).
@@ -29,6 +29,7 @@ struct Parts<'py> {
     fold: Bound<'py, PyAny>,
     core: Bound<'py, FoldCore>,
     out: Bound<'py, PyAny>,
+    lists: OutLists<'py>, // out's, read once per call of `fold` (they are cleared in place, never replaced)
     encoder: Bound<'py, OutputEncoder>,
     // The task's, read once per call of `fold` (nothing else changes them meanwhile: a checkpoint, which replaces
     // `released`, runs only once `fold` returned) and written back before it returns.
@@ -128,12 +129,14 @@ impl MessageFolder {
                     let Some(given) = parts.get_item(partition)? else { break };
                     let given = given.downcast_into::<PyTuple>()?;
                     let task = given.get_item(0)?;
+                    let (out, encoder) = (given.get_item(3)?, given.get_item(4)?.downcast_into::<OutputEncoder>()?);
                     known.push(Parts {
                         partition,
                         fold: given.get_item(1)?,
                         core: given.get_item(2)?.downcast_into::<FoldCore>()?,
-                        out: given.get_item(3)?,
-                        encoder: given.get_item(4)?.downcast_into::<OutputEncoder>()?,
+                        lists: OutLists::of(&out, Some(encoder.get()))?,
+                        out,
+                        encoder,
                         records: task.getattr(intern!(py, "records"))?.downcast_into::<PyList>()?,
                         released: task.getattr(intern!(py, "released"))?.downcast_into::<PyDict>()?,
                         stopped: task.getattr(intern!(py, "stopped"))?.is_truthy()?,
@@ -163,7 +166,7 @@ impl MessageFolder {
             // routes' places around the outputs the encoder writes (the first route and the last).
             let direct = part.encoder.get().direct();
             let applied = match part.core.get().apply_with(py, &part.fold, event.as_any(), &offset_object, &part.out,
-                                                           false, direct) {
+                                                           &part.lists, false, direct) {
                 Ok(applied) => applied,
                 Err(error) => return done(&known, &counted, i + 1, folded, FAILED, &task, error.value(py).as_any()),
             };
@@ -176,7 +179,7 @@ impl MessageFolder {
                     (code.into_any(), audits)
                 }
             };
-            if let Err(error) = part.encoder.get().__call__(py, &part.out, records, released) {
+            if let Err(error) = part.encoder.get().buffer(py, &part.lists, records, released) {
                 return done(&known, &counted, i + 1, folded, FAILED, &task, error.value(py).as_any());
             }
             if let Some(direct) = direct {

@@ -15,7 +15,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString};
 
-use crate::outputs::{output_key, Direct};
+use crate::outputs::{output_key, Direct, OutLists};
 
 // Child states (projections/model.py).
 const RESERVED: &str = "reserved";
@@ -1631,7 +1631,7 @@ impl FoldCore {
     pub(crate) fn apply<'py>(&self, py: Python<'py>, fold: &Bound<'py, PyAny>, event: &Bound<'py, PyAny>,
                   offset: &Bound<'py, PyAny>, out: &Bound<'py, PyAny>, ledger_tick: bool)
                   -> PyResult<Bound<'py, PyAny>> {
-        match self.apply_with(py, fold, event, offset, out, ledger_tick, None)? {
+        match self.apply_with(py, fold, event, offset, out, &OutLists::of(out, None)?, ledger_tick, None)? {
             Applied::Dict(result) => Ok(result),
             Applied::Direct { .. } => unreachable!("results are written as dicts unless asked otherwise"),
         }
@@ -1643,8 +1643,8 @@ impl FoldCore {
     /// at once (the bytes OutputEncoder writes from their dicts), or as dicts into `out` (FoldCore::apply, Fold.apply).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn apply_with<'py>(&self, py: Python<'py>, fold: &Bound<'py, PyAny>, event: &Bound<'py, PyAny>,
-                                  offset: &Bound<'py, PyAny>, out: &Bound<'py, PyAny>, ledger_tick: bool,
-                                  direct: Option<&Direct>) -> PyResult<Applied<'py>> {
+                                  offset: &Bound<'py, PyAny>, out: &Bound<'py, PyAny>, lists: &OutLists<'py>,
+                                  ledger_tick: bool, direct: Option<&Direct>) -> PyResult<Applied<'py>> {
         let delegate = || {
             fold.call_method1(intern!(py, "_apply"), (event, offset, out, ledger_tick)).map(Applied::Dict)
         };
@@ -1670,9 +1670,6 @@ impl FoldCore {
         let view = self.view.bind(py);
         let now_ms: i64 = item(view.getattr(intern!(py, "meta"))?.downcast()?, intern!(py, "ledger_time_ms"))?
             .extract()?;
-        let out_list = |name: &Bound<'py, PyString>| -> PyResult<Bound<'py, PyList>> {
-            Ok(out.getattr(name)?.downcast_into::<PyList>()?)
-        };
         let mut ctx = Ctx {
             py,
             cache: self.cache.bind(py).clone(),
@@ -1690,9 +1687,9 @@ impl FoldCore {
             partition: self.partition.bind(py).clone(),
             offset: offset.clone(),
             now_ms,
-            audits: out_list(intern!(py, "audits"))?,
-            releases: out_list(intern!(py, "releases"))?,
-            settled: out_list(intern!(py, "settled"))?,
+            audits: lists.audits.clone(),
+            releases: lists.releases.clone(),
+            settled: lists.settled.clone(),
             touched: Vec::new(),
             touched_children: Vec::new(),
             overdrawn: false,
@@ -1736,7 +1733,7 @@ impl FoldCore {
             }
             None => {
                 let result = slots_dict(py, &RESULT_KEYS, &RESULT_SLOTS, &values)?;
-                out_list(intern!(py, "results"))?.append(&result)?;
+                lists.results.append(&result)?;
                 Applied::Dict(result.into_any())
             }
         };

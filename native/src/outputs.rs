@@ -71,12 +71,56 @@ impl OutputEncoder {
 
     pub(crate) fn __call__(&self, py: Python<'_>, out: &Bound<'_, PyAny>, records: &Bound<'_, PyList>,
                 released: &Bound<'_, PyDict>) -> PyResult<()> {
-        let mut buffer = Vec::with_capacity(512);
-        let mut taken = Vec::with_capacity(self.routes.len());
-        for route in &self.routes {
-            let list = out.getattr(route.attr.bind(py))?.downcast_into::<PyList>()?;
+        self.buffer(py, &OutLists::of(out, Some(self))?, records, released)
+    }
+}
+
+/// An `Outputs`' lists, read once (`settle run`'s loop reads them once per consumed batch and partition: the lists
+/// are cleared in place, never replaced): the four the core appends to, and those of the encoder's routes in their
+/// order.
+pub(crate) struct OutLists<'py> {
+    pub(crate) results: Bound<'py, PyList>,
+    pub(crate) releases: Bound<'py, PyList>,
+    pub(crate) settled: Bound<'py, PyList>,
+    pub(crate) audits: Bound<'py, PyList>,
+    routes: Vec<Bound<'py, PyList>>,
+}
+
+impl<'py> OutLists<'py> {
+    pub(crate) fn of(out: &Bound<'py, PyAny>, encoder: Option<&OutputEncoder>) -> PyResult<Self> {
+        let py = out.py();
+        let list = |name: &Bound<'py, PyString>| -> PyResult<Bound<'py, PyList>> {
+            Ok(out.getattr(name)?.downcast_into::<PyList>()?)
+        };
+        let (results, releases) = (list(intern!(py, "results"))?, list(intern!(py, "releases"))?);
+        let (settled, audits) = (list(intern!(py, "settled"))?, list(intern!(py, "audits"))?);
+        let mut routes = Vec::new();
+        for route in encoder.map(|e| e.routes.as_slice()).unwrap_or(&[]) {
+            let attr = route.attr.bind(py);
+            routes.push(match attr.to_str()? {
+                "results" => results.clone(),
+                "releases" => releases.clone(),
+                "settled" => settled.clone(),
+                "audits" => audits.clone(),
+                _ => list(attr)?,
+            });
+        }
+        Ok(OutLists { results, releases, settled, audits, routes })
+    }
+}
+
+impl OutputEncoder {
+    /// `__call__` with `out`'s lists read already (`lists` of this encoder's routes).
+    pub(crate) fn buffer(&self, py: Python<'_>, lists: &OutLists<'_>, records: &Bound<'_, PyList>,
+                         released: &Bound<'_, PyDict>) -> PyResult<()> {
+        let mut buffer = Vec::new();
+        let mut taken = Vec::new();
+        for (route, list) in self.routes.iter().zip(&lists.routes) {
             if list.is_empty() {
                 continue;
+            }
+            if buffer.capacity() == 0 {
+                buffer.reserve(512);
             }
             taken.push(list.clone());
             let encoder = route.encoder.get();
