@@ -182,6 +182,12 @@ def new_child(parent_id: str, child_id: str, branch_id: str, attempt_id: str, qu
     }
 
 
+def balance_terms(parent: dict) -> dict[tuple[str, str], int]:
+    """The parent's balance, term by term: (term, dimension) -> quantity, for every term but the kind."""
+    return {(term, dim): value for dim, balance in parent["dimensions"].items()
+            for term, value in balance.items() if term != "kind"}
+
+
 def remainder(child: dict, dim: str) -> int:
     """Reserved but not consumed: what the child still holds of `dim` (never negative)."""
     left = child["reserved"].get(dim, 0) - child["consumed"].get(dim, 0)

@@ -87,6 +87,10 @@ class PartitionTask:
         # loans committed checkpoints asked back since the last `take_revocations_asked`.
         self.loans: dict[str, dict] = {}
         self._revocations_asked = 0
+        # What each parent that is not closed adds to `capacity`, as last committed: a checkpoint that changes it
+        # takes the old terms from here rather than reading and decoding its stored record (a closed parent never
+        # changes again but to be deleted, when it is read).
+        self._parent_terms: dict[bytes, dict[tuple[str, str], int]] = {}
         self.capacity = self._capacity_from_store()
 
     def has_work(self) -> bool:
@@ -175,11 +179,17 @@ class PartitionTask:
 
     def _capacity_from_store(self) -> dict[tuple[str, str], int]:
         totals: dict[tuple[str, str], int] = {}
-        for _, raw in self.store.scan(keys.prefix(keys.PARENT)):
+        for key, raw in self.store.scan(keys.prefix(keys.PARENT)):
             parent = self.codec.decode(raw)[1]
-            self._add(totals, parent, 1)
+            self._add(totals, self._remember_terms(key, parent), 1)
             self._track_loans(parent, count=False)
         return totals
+
+    def _remember_terms(self, key: bytes, parent: dict) -> dict[tuple[str, str], int]:
+        terms = model.balance_terms(parent)
+        if parent["status"] != model.PARENT_CLOSED:
+            self._parent_terms[key] = terms
+        return terms
 
     def _track_loans(self, parent: dict, count: bool = True) -> None:
         before = self.loans.pop(parent["parent_id"], None)
@@ -207,23 +217,25 @@ class PartitionTask:
         return asked
 
     @staticmethod
-    def _add(totals: dict, parent: dict, sign: int) -> None:
-        for dim, balance in parent["dimensions"].items():
-            for term, value in balance.items():
-                if term != "kind":
-                    totals[(term, dim)] = totals.get((term, dim), 0) + sign * value
+    def _add(totals: dict, terms: dict[tuple[str, str], int], sign: int) -> None:
+        for term, value in terms.items():
+            totals[term] = totals.get(term, 0) + sign * value
 
     def _update_capacity(self, changes: list) -> None:
         prefix = keys.prefix(keys.PARENT)
         for key, value in changes:
             if not key.startswith(prefix):
                 continue
-            old = self.store.get(key)
-            if old is not None:
-                self._add(self.capacity, self.codec.decode(old)[1], -1)
+            old = self._parent_terms.pop(key, None)
+            if old is None:  # new, or closed
+                stored = self.store.get(key)
+                if stored is not None:
+                    old = model.balance_terms(self.codec.decode(stored)[1])
+            if old:
+                self._add(self.capacity, old, -1)
             if value is not None:
                 parent = self.codec.decode(value)[1]
-                self._add(self.capacity, parent, 1)
+                self._add(self.capacity, self._remember_terms(key, parent), 1)
                 self._track_loans(parent)
 
 

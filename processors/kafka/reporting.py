@@ -328,7 +328,7 @@ class LedgerStats:
                 status = self._fields.parent_status(stored)
                 self.parents[status] -= 1
                 if status == model.PARENT_CLOSED:
-                    _subtract(self.closed_totals, _terms(self._codec.decode(stored)[1]))
+                    _subtract(self.closed_totals, model.balance_terms(self._codec.decode(stored)[1]))
         if value is not None:
             self._parent(key, value)
 
@@ -338,7 +338,7 @@ class LedgerStats:
         if status == model.PARENT_OPEN:
             self._open.add(key)
             return
-        terms = _terms(self._codec.decode(value)[1])
+        terms = model.balance_terms(self._codec.decode(value)[1])
         if status in FENCED_STATUSES:
             self._fenced[key] = (status, terms)
             _add(self.fenced_totals, terms)
@@ -363,11 +363,6 @@ class LedgerStats:
                 kind = fields.expiry(value)
                 if kind is not None:
                     self._expiries[kind].inc()
-
-
-def _terms(parent: dict) -> dict[tuple[str, str], int]:
-    return {(term, dim): value for dim, balance in parent["dimensions"].items()
-            for term, value in balance.items() if term != "kind"}
 
 
 def _subtract(totals: dict, values: dict) -> None:
