@@ -12,8 +12,9 @@ processor's main thread): the young generation's threshold is `YOUNG_THRESHOLD`,
 the objects made since the last one itself, once, before it freezes the survivors, so a cycle that became
 garbage meanwhile is reclaimed there. A full collection still runs now and then (every
 `FULL_COLLECTION_CHECKPOINTS` checkpoints of the process, at most `FULL_COLLECTION_INTERVAL_S` apart), between
-two checkpoints, to reclaim what cycles were frozen meanwhile (an exception kept with its traceback, a replaced client with its callbacks): what the
-freezing costs is that they live until then. Process-wide, as the collector is.
+two checkpoints, to reclaim what cycles were frozen meanwhile (an exception kept with its traceback, a replaced
+client with its callbacks): what the freezing costs is that they live until then. Process-wide, as the collector
+is.
 """
 
 from __future__ import annotations
