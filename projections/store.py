@@ -169,12 +169,11 @@ class RocksStore:
         # In key order, with the write's insert hint: each key goes into the memtable next to the one before it
         # instead of being searched for from the top. A stable sort: a key that comes twice (a restore's batch of
         # changelog records) keeps its last value.
-        changes = sorted(changes, key=_first)
         fill = native.compiled_function("fill_batch")
         if fill is not None:
-            fill(batch, changes)  # the same calls, from native/src/store.rs
+            fill(batch, changes if type(changes) is list else list(changes))  # the same, from native/src/store.rs
         else:
-            for key, value in changes:
+            for key, value in sorted(changes, key=_first):
                 if value is None:
                     batch.delete(key)
                 else:

@@ -134,6 +134,16 @@ pub(crate) const AUDIT_SLOTS: [&str; 15] = [
     "note",
 ];
 
+/// The fields of an idempotency record, as the slots its writer finds them in (Ctx::put_idempotency).
+const IDEMPOTENCY_SLOTS: [&str; 4] = ["payload_digest", "event_type", "result", "event_id"];
+
+static IDEMPOTENCY_KEYS: pyo3::sync::GILOnceCell<Vec<Py<PyString>>> = pyo3::sync::GILOnceCell::new();
+
+/// An idempotency record of `values` (in IDEMPOTENCY_SLOTS' order) as a dict.
+fn idempotency_dict<'py>(py: Python<'py>, values: &[Bound<'py, PyAny>; 4]) -> PyResult<Bound<'py, PyDict>> {
+    slots_dict(py, &IDEMPOTENCY_KEYS, &IDEMPOTENCY_SLOTS, values)
+}
+
 static RESULT_KEYS: pyo3::sync::GILOnceCell<Vec<Py<PyString>>> = pyo3::sync::GILOnceCell::new();
 static AUDIT_KEYS: pyo3::sync::GILOnceCell<Vec<Py<PyString>>> = pyo3::sync::GILOnceCell::new();
 
@@ -467,8 +477,9 @@ struct Ctx<'py> {
     store: Bound<'py, PyAny>,
     decode: Bound<'py, PyAny>,
     decoded_size: Bound<'py, PyAny>,
-    // The codec's compiled writer of idempotency records, where the view encodes with a compiled codec.
-    idempotency_writer: Option<Bound<'py, crate::Encoder>>,
+    // The codec's compiled writer of idempotency records, where the view encodes with a compiled codec, and where
+    // it finds IDEMPOTENCY_SLOTS' values.
+    idempotency_writer: Option<(Bound<'py, crate::Encoder>, Option<crate::SlotOrder>)>,
     event: Bound<'py, PyDict>,
     etype: Bound<'py, PyAny>,
     event_id: Bound<'py, PyAny>,
@@ -648,8 +659,9 @@ impl<'py> Ctx<'py> {
         self.get(record_key(KEY_IDEMPOTENCY, &[parent_id, &self.key])?)
     }
 
-    /// LedgerView.put_idempotency: encoded at once into the changes, and out of the cache.
-    fn put_idempotency(&self, parent_id: &Bound<'py, PyAny>, record: &Bound<'py, PyDict>) -> PyResult<()> {
+    /// LedgerView.put_idempotency: encoded at once into the changes, and out of the cache. `values`: the record's, in
+    /// IDEMPOTENCY_SLOTS' order (a dict of them only where the compiled writer cannot write them from there).
+    fn put_idempotency(&self, parent_id: &Bound<'py, PyAny>, values: &[Bound<'py, PyAny>; 4]) -> PyResult<()> {
         let py = self.py;
         let key = PyBytes::new(py, &record_key(KEY_IDEMPOTENCY, &[parent_id, &self.key])?);
         if self.cache.contains(&key)? {
@@ -663,11 +675,17 @@ impl<'py> Ctx<'py> {
             }
         }
         let name = intern!(py, IDEMPOTENCY_RECORD);
-        let compiled = self.idempotency_writer.as_ref()
-            .and_then(|writer| writer.get().encode_with(py, record, &mut Vec::with_capacity(128)).ok());
+        let mut buffer = Vec::with_capacity(128);
+        let compiled = self.idempotency_writer.as_ref().and_then(|(writer, order)| {
+            let writer = writer.get();
+            match order {
+                Some(order) => writer.encode_slots(py, order, values, &mut buffer).ok(),
+                None => writer.encode_with(py, idempotency_dict(py, values).ok()?.as_any(), &mut buffer).ok(),
+            }
+        });
         let encoded = match compiled {
             Some(bytes) => bytes.into_any(),
-            None => self.view.getattr(intern!(py, "_encode"))?.call1((name, record))?,
+            None => self.view.getattr(intern!(py, "_encode"))?.call1((name, idempotency_dict(py, values)?))?,
         };
         self.dirty.set_item(key, (name, encoded))
     }
@@ -1522,7 +1540,7 @@ pub struct FoldCore {
     decode: Py<PyAny>,
     digests: pyo3::sync::GILOnceCell<Py<PyDict>>,
     // The compiled writer of idempotency records of the fold's `_change_writers`, once known (None: there is none).
-    idempotency_writer: pyo3::sync::GILOnceCell<Option<Py<crate::Encoder>>>,
+    idempotency_writer: pyo3::sync::GILOnceCell<Option<(Py<crate::Encoder>, Option<crate::SlotOrder>)>>,
     partition: Py<PyAny>,
     partition_number: i64,
     partitions: Option<u32>,
@@ -1746,18 +1764,24 @@ impl FoldCore {
         Ok(applied)
     }
 
-    /// The compiled writer of idempotency records among `fold._change_writers` (set once the fold is made), if any.
-    fn idempotency_writer<'py>(&self, fold: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, crate::Encoder>>> {
+    /// The compiled writer of idempotency records among `fold._change_writers` (set once the fold is made), if any,
+    /// with where it finds IDEMPOTENCY_SLOTS' values.
+    #[allow(clippy::type_complexity)]
+    fn idempotency_writer<'py>(&self, fold: &Bound<'py, PyAny>)
+                               -> PyResult<Option<(Bound<'py, crate::Encoder>, Option<crate::SlotOrder>)>> {
         let py = fold.py();
-        let writer = self.idempotency_writer.get_or_try_init(py, || -> PyResult<Option<Py<crate::Encoder>>> {
+        let writer = self.idempotency_writer.get_or_try_init(py, || -> PyResult<_> {
             let writers = fold.getattr(intern!(py, "_change_writers"))?;
             if writers.is_none() {
                 return Ok(None);
             }
             let found = writers.get_item(0)?.downcast_into::<PyDict>()?.get_item(intern!(py, IDEMPOTENCY_RECORD))?;
-            Ok(found.and_then(|w| w.downcast_into::<crate::Encoder>().ok()).map(Bound::unbind))
+            Ok(found.and_then(|w| w.downcast_into::<crate::Encoder>().ok()).map(|w| {
+                let order = w.get().slot_order(py, &IDEMPOTENCY_SLOTS);
+                (w.unbind(), order)
+            }))
         })?;
-        Ok(writer.as_ref().map(|w| w.bind(py).clone()))
+        Ok(writer.as_ref().map(|(w, order)| (w.bind(py).clone(), *order)))
     }
 
     /// LedgerView.change_count: the records the next checkpoint writes.
@@ -1796,12 +1820,10 @@ impl FoldCore {
             Err(other) => return Err(other),
         }
         let code = if ctx.overdrawn { OVERDRAWN } else { OK };
-        let record = presized(py, 4)?;
-        record.set_item(intern!(py, "payload_digest"), digest.downcast::<PyBytes>().map_err(PyErr::from)?)?;
-        record.set_item(intern!(py, "event_type"), &ctx.etype)?;
-        record.set_item(intern!(py, "result"), code_name(py, code))?;
-        record.set_item(intern!(py, "event_id"), &ctx.event_id)?;
-        ctx.put_idempotency(parent_id, &record)?;
+        // in IDEMPOTENCY_SLOTS' order
+        let values = [digest.downcast::<PyBytes>().map_err(PyErr::from)?.clone().into_any(), ctx.etype.clone(),
+                      code_name(py, code).clone().into_any(), ctx.event_id.clone()];
+        ctx.put_idempotency(parent_id, &values)?;
         Ok((code, String::new()))
     }
 
