@@ -136,12 +136,21 @@ pub(crate) const AUDIT_SLOTS: [&str; 15] = [
 
 /// The fields of an idempotency record, as the slots its writer finds them in (Ctx::put_idempotency).
 const IDEMPOTENCY_SLOTS: [&str; 4] = ["payload_digest", "event_type", "result", "event_id"];
+/// The fields of a timer record, in the order Ctx::add_timer holds their values.
+const TIMER_SLOTS: [&str; 4] = ["kind", "deadline_ms", "parent_id", "child_id"];
 
 static IDEMPOTENCY_KEYS: pyo3::sync::GILOnceCell<Vec<Py<PyString>>> = pyo3::sync::GILOnceCell::new();
 
 /// An idempotency record of `values` (in IDEMPOTENCY_SLOTS' order) as a dict.
 fn idempotency_dict<'py>(py: Python<'py>, values: &[Bound<'py, PyAny>; 4]) -> PyResult<Bound<'py, PyDict>> {
     slots_dict(py, &IDEMPOTENCY_KEYS, &IDEMPOTENCY_SLOTS, values)
+}
+
+static TIMER_KEYS: pyo3::sync::GILOnceCell<Vec<Py<PyString>>> = pyo3::sync::GILOnceCell::new();
+
+/// A timer record of `values` (in TIMER_SLOTS' order, the order LedgerView.add_timer writes them in) as a dict.
+fn timer_dict<'py>(py: Python<'py>, values: &[Bound<'py, PyAny>; 4]) -> PyResult<Bound<'py, PyDict>> {
+    slots_dict(py, &TIMER_KEYS, &TIMER_SLOTS, values)
 }
 
 static RESULT_KEYS: pyo3::sync::GILOnceCell<Vec<Py<PyString>>> = pyo3::sync::GILOnceCell::new();
@@ -205,7 +214,7 @@ fn reject<T>(code: &'static str, detail: String) -> Step<T> {
 // -- dict access ----------------------------------------------------------------------------------------------
 
 /// A new dict with room for `size` items, as Python makes for a dict display (no resize while it is filled).
-fn presized(py: Python<'_>, size: isize) -> PyResult<Bound<'_, PyDict>> {
+pub(crate) fn presized(py: Python<'_>, size: isize) -> PyResult<Bound<'_, PyDict>> {
     // SAFETY: _PyDict_NewPresized returns a new reference to a dict, or NULL with an exception set.
     unsafe { Ok(Bound::from_owned_ptr_or_err(py, pyo3::ffi::_PyDict_NewPresized(size))?.downcast_into_unchecked()) }
 }
@@ -466,6 +475,27 @@ pub fn murmur2(data: &[u8]) -> u32 {
     h
 }
 
+/// The compiled writer of `name`'s records among `fold._change_writers` (set once the fold is made), if any, with
+/// where it finds the values of `slots`; looked up once, into `cell`.
+#[allow(clippy::type_complexity)]
+fn change_writer<'py>(cell: &pyo3::sync::GILOnceCell<Option<(Py<crate::Encoder>, Option<crate::SlotOrder>)>>,
+                      fold: &Bound<'py, PyAny>, name: &str, slots: &[&str])
+                      -> PyResult<Option<(Bound<'py, crate::Encoder>, Option<crate::SlotOrder>)>> {
+    let py = fold.py();
+    let writer = cell.get_or_try_init(py, || -> PyResult<_> {
+        let writers = fold.getattr(intern!(py, "_change_writers"))?;
+        if writers.is_none() {
+            return Ok(None);
+        }
+        let found = writers.get_item(0)?.downcast_into::<PyDict>()?.get_item(name)?;
+        Ok(found.and_then(|w| w.downcast_into::<crate::Encoder>().ok()).map(|w| {
+            let order = w.get().slot_order(py, slots);
+            (w.unbind(), order)
+        }))
+    })?;
+    Ok(writer.as_ref().map(|(w, order)| (w.bind(py).clone(), *order)))
+}
+
 // -- the event being applied (context.EventContext) ----------------------------------------------------------
 
 struct Ctx<'py> {
@@ -480,6 +510,8 @@ struct Ctx<'py> {
     // The codec's compiled writer of idempotency records, where the view encodes with a compiled codec, and where
     // it finds IDEMPOTENCY_SLOTS' values.
     idempotency_writer: Option<(Bound<'py, crate::Encoder>, Option<crate::SlotOrder>)>,
+    // The same for timer records (TIMER_SLOTS).
+    timer_writer: Option<(Bound<'py, crate::Encoder>, Option<crate::SlotOrder>)>,
     event: Bound<'py, PyDict>,
     etype: Bound<'py, PyAny>,
     event_id: Bound<'py, PyAny>,
@@ -493,6 +525,8 @@ struct Ctx<'py> {
     touched: Vec<(Bound<'py, PyAny>, Bound<'py, PyDict>)>,
     touched_children: Vec<Bound<'py, PyDict>>,
     overdrawn: bool,
+    /// What the event changed in the view's `cached_bytes` so far, added to it once (Ctx::settle_charges).
+    charged: std::cell::Cell<i64>,
     /// Where the event's audit records are written at once (FoldCore::apply_with), instead of into `audits` as dicts.
     direct: Option<DirectAudits<'py>>,
 }
@@ -623,16 +657,25 @@ impl<'py> Ctx<'py> {
         Ok(if found.is_none() { None } else { Some(found.downcast_into()?) })
     }
 
-    /// LedgerView._charge
+    /// LedgerView._charge, the view's `cached_bytes` written once the event is through (Ctx::settle_charges)
     fn charge(&self, key: &Bound<'py, PyBytes>, size: i64) -> PyResult<()> {
-        let py = self.py;
         let before: i64 = match self.sizes.get_item(key)? {
             Some(before) => before.extract()?,
             None => 0,
         };
-        let cached: i64 = self.view.getattr(intern!(py, "cached_bytes"))?.extract()?;
-        self.view.setattr(intern!(py, "cached_bytes"), cached + size - before)?;
+        self.charged.set(self.charged.get() + size - before);
         self.sizes.set_item(key, size)
+    }
+
+    /// The view's `cached_bytes` with this event's charges added (once per event, not per record): its value now.
+    fn settle_charges(&self) -> PyResult<i64> {
+        let py = self.py;
+        let cached: i64 = self.view.getattr(intern!(py, "cached_bytes"))?.extract()?;
+        let charged = self.charged.replace(0);
+        if charged != 0 {
+            self.view.setattr(intern!(py, "cached_bytes"), cached + charged)?;
+        }
+        Ok(cached + charged)
     }
 
     /// LedgerView._put
@@ -670,8 +713,7 @@ impl<'py> Ctx<'py> {
             if let Some(size) = self.sizes.get_item(&key)? {
                 let size: i64 = size.extract()?;
                 self.sizes.del_item(&key)?;
-                let cached: i64 = self.view.getattr(intern!(py, "cached_bytes"))?.extract()?;
-                self.view.setattr(intern!(py, "cached_bytes"), cached - size)?;
+                self.charged.set(self.charged.get() - size);
             }
         }
         let name = intern!(py, IDEMPOTENCY_RECORD);
@@ -715,15 +757,19 @@ impl<'py> Ctx<'py> {
             Ok(py.import("heapq")?.getattr("heappush")?.unbind())
         })?;
         heappush.bind(py).call1((self.view.getattr(intern!(py, "_timers"))?, &timer))?;
-        let record = presized(py, 4)?;
-        record.set_item(intern!(py, "kind"), &kind)?;
-        record.set_item(intern!(py, "deadline_ms"), &deadline)?;
-        record.set_item(intern!(py, "parent_id"), parent)?;
-        record.set_item(intern!(py, "child_id"), child)?;
         let key = format!("{KEY_TIMER}{KEY_SEP}{deadline_ms:0width$}{KEY_SEP}{}{KEY_SEP}{}{KEY_SEP}{}", kind.to_str()?,
                           parent.to_str()?, child.to_str()?, width = DEADLINE_DIGITS);
         let name = intern!(py, TIMER_RECORD);
-        let encoded = self.view.getattr(intern!(py, "_encode"))?.call1((name, &record))?;
+        // in TIMER_SLOTS' order
+        let values = [kind.into_any(), deadline.into_any(), parent.clone().into_any(), child.clone().into_any()];
+        let mut buffer = Vec::with_capacity(96);
+        let compiled = self.timer_writer.as_ref().and_then(|(writer, order)| {
+            writer.get().encode_slots(py, order.as_ref()?, &values, &mut buffer).ok()
+        });
+        let encoded = match compiled {
+            Some(bytes) => bytes.into_any(),
+            None => self.view.getattr(intern!(py, "_encode"))?.call1((name, timer_dict(py, &values)?))?,
+        };
         self.dirty.set_item(PyBytes::new(py, key.as_bytes()), (name, encoded))
     }
 
@@ -807,8 +853,8 @@ fn set_state<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child: &Bound
                 let quantity = remainder(child, &dim)?;
                 if quantity != 0 {
                     let balance = sub_dict(&dims, dim.downcast()?)?;
-                    add(&balance, &term_name(py, old_term), -quantity)?;
-                    add(&balance, &term_name(py, new_term), quantity)?;
+                    add(&balance, term_name(py, old_term), -quantity)?;
+                    add(&balance, term_name(py, new_term), quantity)?;
                 }
             }
         }
@@ -1541,6 +1587,8 @@ pub struct FoldCore {
     digests: pyo3::sync::GILOnceCell<Py<PyDict>>,
     // The compiled writer of idempotency records of the fold's `_change_writers`, once known (None: there is none).
     idempotency_writer: pyo3::sync::GILOnceCell<Option<(Py<crate::Encoder>, Option<crate::SlotOrder>)>>,
+    // The same for timer records.
+    timer_writer: pyo3::sync::GILOnceCell<Option<(Py<crate::Encoder>, Option<crate::SlotOrder>)>>,
     partition: Py<PyAny>,
     partition_number: i64,
     partitions: Option<u32>,
@@ -1582,6 +1630,7 @@ impl FoldCore {
             decode: view.getattr("_decode")?.unbind(),
             digests: pyo3::sync::GILOnceCell::new(),
             idempotency_writer: pyo3::sync::GILOnceCell::new(),
+            timer_writer: pyo3::sync::GILOnceCell::new(),
             view: view.unbind(),
             partition_number: partition.extract()?,
             partition: partition.unbind(),
@@ -1696,7 +1745,8 @@ impl FoldCore {
             store: self.store.bind(py).clone(),
             decode: self.decode.bind(py).clone(),
             decoded_size: self.env.decoded_size.bind(py).clone(),
-            idempotency_writer: self.idempotency_writer(fold)?,
+            idempotency_writer: change_writer(&self.idempotency_writer, fold, IDEMPOTENCY_RECORD, &IDEMPOTENCY_SLOTS)?,
+            timer_writer: change_writer(&self.timer_writer, fold, TIMER_RECORD, &TIMER_SLOTS)?,
             view: view.clone(),
             event: event_dict.clone(),
             etype: etype.clone(),
@@ -1711,6 +1761,7 @@ impl FoldCore {
             touched: Vec::new(),
             touched_children: Vec::new(),
             overdrawn: false,
+            charged: std::cell::Cell::new(0),
             direct: direct.map(|d| DirectAudits {
                 writer: d.audit.bind(py).clone(),
                 order: d.audit_order,
@@ -1719,7 +1770,15 @@ impl FoldCore {
                 written: std::cell::RefCell::new((Vec::new(), Vec::with_capacity(256))),
             }),
         };
-        let (code, detail) = match self.apply_once(&mut ctx, &parent_id) {
+        let once = self.apply_once(&mut ctx, &parent_id);
+        // whatever the outcome (taken, left to Python, failed), the view's size as the records it now holds
+        let settled = ctx.settle_charges();
+        let cached = match settled {
+            Ok(cached) => cached,
+            Err(_) if matches!(once, Err(Fail::Py(_))) => 0, // the fold's own failure is the one raised
+            Err(err) => return Err(err),
+        };
+        let (code, detail) = match once {
             Ok(outcome) => outcome,
             Err(Fail::Delegate) => return delegate(),
             Err(Fail::Py(err)) => return Err(err),
@@ -1756,32 +1815,11 @@ impl FoldCore {
             }
         };
         // LedgerView.end_event trims the cache once it holds more than the view's share: asked only then.
-        let cached: i64 = view.getattr(intern!(py, "cached_bytes"))?.extract()?;
         let share: i64 = view.getattr(intern!(py, "_budget"))?.getattr(intern!(py, "share"))?.extract()?;
         if cached > share {
             view.call_method0(intern!(py, "end_event"))?;
         }
         Ok(applied)
-    }
-
-    /// The compiled writer of idempotency records among `fold._change_writers` (set once the fold is made), if any,
-    /// with where it finds IDEMPOTENCY_SLOTS' values.
-    #[allow(clippy::type_complexity)]
-    fn idempotency_writer<'py>(&self, fold: &Bound<'py, PyAny>)
-                               -> PyResult<Option<(Bound<'py, crate::Encoder>, Option<crate::SlotOrder>)>> {
-        let py = fold.py();
-        let writer = self.idempotency_writer.get_or_try_init(py, || -> PyResult<_> {
-            let writers = fold.getattr(intern!(py, "_change_writers"))?;
-            if writers.is_none() {
-                return Ok(None);
-            }
-            let found = writers.get_item(0)?.downcast_into::<PyDict>()?.get_item(intern!(py, IDEMPOTENCY_RECORD))?;
-            Ok(found.and_then(|w| w.downcast_into::<crate::Encoder>().ok()).map(|w| {
-                let order = w.get().slot_order(py, &IDEMPOTENCY_SLOTS);
-                (w.unbind(), order)
-            }))
-        })?;
-        Ok(writer.as_ref().map(|(w, order)| (w.bind(py).clone(), *order)))
     }
 
     /// LedgerView.change_count: the records the next checkpoint writes.

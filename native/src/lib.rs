@@ -463,7 +463,8 @@ impl Decoder {
     }
 
     fn __call__<'py>(&self, py: Python<'py>, data: &Bound<'py, PyBytes>) -> PyResult<Bound<'py, PyDict>> {
-        let record = PyDict::new(py);
+        // sized for every field at once: no table grows (and rehashes) as the fields are set
+        let record = crate::fold::presized(py, (self.head.len() + self.keys.len()) as isize)?;
         for (key, value) in &self.head {
             record.set_item(key.bind(py), value.bind(py))?;
         }
@@ -538,6 +539,25 @@ fn json_str<'a>(value: &'a Bound<'_, PyAny>) -> Result<&'a str, NotSure> {
     Ok(text)
 }
 
+/// `n` in decimal, as Python's str() writes it (no allocation, no formatting machinery).
+fn write_decimal(n: i64, out: &mut Vec<u8>) {
+    let mut digits = [0u8; 20];
+    let mut rest = n.unsigned_abs();
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
 fn write_json(node: &Json, value: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> Result<(), NotSure> {
     match node {
         Json::Null => {
@@ -553,7 +573,7 @@ fn write_json(node: &Json, value: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> Resul
         Json::Int => {
             let int = value.downcast_exact::<PyInt>().map_err(|_| NotSure)?;
             match int.extract::<i64>() {
-                Ok(n) => out.extend_from_slice(n.to_string().as_bytes()),
+                Ok(n) => write_decimal(n, out),
                 // beyond 64 bits: Python's own decimal text, as the f-string writes it
                 Err(_) => out.extend_from_slice(int.str().map_err(|_| NotSure)?.to_str().map_err(|_| NotSure)?.as_bytes()),
             }

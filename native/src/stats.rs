@@ -61,10 +61,8 @@ pub fn apply_ledger_changes(changes: &Bound<'_, PyList>, layout: &Bound<'_, PyTu
             if !child(&l, &key, &value)? {
                 l.change_child.call1((&key, &value))?;
             }
-        } else if kind == Some(l.parent_kind) {
-            if !parent_stays_open(&l, &key, &value)? {
-                l.change_parent.call1((&key, &value))?;
-            }
+        } else if kind == Some(l.parent_kind) && !parent_stays_open(&l, &key, &value)? {
+            l.change_parent.call1((&key, &value))?;
         }
     }
     Ok(())
@@ -113,10 +111,8 @@ fn child<'py>(l: &Layout<'py>, key: &Bound<'py, PyAny>, value: &Bound<'py, PyAny
     }
     if new_unsettled {
         l.unsettled.set_item(key, new.as_ref().expect("an unsettled state"))?;
-    } else if old.is_some() {
-        if l.unsettled.contains(key)? {
-            l.unsettled.del_item(key)?;
-        }
+    } else if old.is_some() && l.unsettled.contains(key)? {
+        l.unsettled.del_item(key)?;
     }
     Ok(true)
 }
