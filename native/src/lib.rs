@@ -664,9 +664,9 @@ pub(crate) struct SortedJsonDigest {
 
 impl SortedJsonDigest {
     pub(crate) fn digest<'py>(&self, py: Python<'py>, event: &Bound<'py, PyAny>) -> Option<Bound<'py, PyBytes>> {
-        use blake2::digest::{consts::U16, Digest};
         let text = self.text(event).ok()?;
-        Some(PyBytes::new(py, &blake2::Blake2b::<U16>::digest(&text)))
+        // BLAKE2b with a 16-byte digest (hashlib.blake2b(digest_size=16)), AVX2 where the CPU has it
+        Some(PyBytes::new(py, blake2b_simd::Params::new().hash_length(16).hash(&text).as_bytes()))
     }
 
     fn text(&self, event: &Bound<'_, PyAny>) -> Result<Vec<u8>, NotSure> {
