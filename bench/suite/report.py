@@ -39,6 +39,9 @@ def markdown(doc: dict) -> str:
     rows.append(("processor throughput, steady 10–90% (events/s)", _fmt(t["processor"]["steady_events_per_s"]),
                  _fmt(t["ceiling"]["steady_events_per_s"]),
                  _ratio(ratio(t["processor"]["steady_events_per_s"], t["ceiling"]["steady_events_per_s"])), "", ""))
+    if len(t.get("rounds") or []) > 1:
+        rows.append((f"the {len(t['rounds'])} rounds' ratios (order; the median is above)",
+                     ", ".join(f"{_ratio(r['ratio'])} ({r['order']})" for r in t["rounds"]), "", "", "", ""))
     pc, cc = t["processor"].get("cpu_us_per_record"), t["ceiling"].get("cpu_us_per_record")
     rows.append(("processor CPU per input record (µs, every thread)", _fmt(pc), _fmt(cc),
                  _ratio(ratio(pc, cc)) if pc and cc else "–", "≤ 2× the ceiling's",
@@ -107,7 +110,9 @@ def markdown(doc: dict) -> str:
         f"Settings: {s['partitions']} partitions, commit_interval_ms {s['commit_interval_ms']}, commit_events "
         f"{s['commit_events']}, workload seed {s['seed']} ({_fmt(t['processor']['records'])} input records incl. "
         f"undecodable records, no Ticks: the processor ticks from its clock), latency {s['latency_seconds']} s "
-        "per level.", "",
+        f"per level. Throughput: {'a warm-up run of the processor (not counted), then ' if s.get('warmup') else ''}"
+        f"{s.get('rounds', 1)} round(s) of processor and ceiling, the order alternating; the figures are the "
+        "median round's.", "",
         *lines, "",
         "The latency ceiling is the pass-through at the processor's 50% rate, echoing each input record as its "
         "result: the same transactions and the same loop as `settle run`, with no fold. With a fixed-period loop "
