@@ -35,6 +35,7 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=100_000, help="generator events (default 100,000)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--bootstrap-servers", default=DEFAULT_BOOTSTRAP_SERVERS)
+    parser.add_argument("--keep-log", action="store_true", help="keep the processor's log and print where")
     parser.add_argument("extra", nargs="*", help="more `settle run` flags (after --)")
     args = parser.parse_args()
     env = Env(args.bootstrap_servers)
@@ -53,21 +54,28 @@ def main() -> int:
         env.delete_all()
     wall_s = run.throughput.seconds
     totals: dict[str, float] = {}
+    longest: dict[str, float] = {}
     checkpoints = events = 0
     for n, _records, total_ms, phases in LINE.findall(log):
         checkpoints += 1
         events += int(n)
         totals["checkpoint (all)"] = totals.get("checkpoint (all)", 0.0) + float(total_ms)
+        longest["checkpoint (all)"] = max(longest.get("checkpoint (all)", 0.0), float(total_ms))
         for part in phases.split(", "):
             step, ms = part.rsplit(" ", 1)
             totals[step] = totals.get(step, 0.0) + float(ms)
+            longest[step] = max(longest.get(step, 0.0), float(ms))
     print(f"{run.throughput.records:,} input records in {wall_s:.2f} s: {run.throughput.records / wall_s:,.0f}/s; "
           f"{checkpoints} checkpoints, {events / max(checkpoints, 1):,.0f} events each; "
           f"CPU {run.cpu_us_per_record or 0:.1f} µs per input record (every thread)")
-    print(f"{'step':<18}{'total ms':>10}{'share of the run':>18}{'ms per checkpoint':>20}")
+    print(f"{'step':<18}{'total ms':>10}{'share of the run':>18}{'ms per checkpoint':>20}{'longest ms':>12}")
     for step, ms in totals.items():
-        print(f"{step:<18}{ms:>10.0f}{ms / 10 / wall_s:>17.1f}%{ms / max(checkpoints, 1):>20.1f}")
-    shutil.rmtree(work_dir, ignore_errors=True)
+        print(f"{step:<18}{ms:>10.0f}{ms / 10 / wall_s:>17.1f}%{ms / max(checkpoints, 1):>20.1f}"
+              f"{longest[step]:>12.1f}")
+    if args.keep_log:
+        print(f"the processor's log is kept in {work_dir}")
+    else:
+        shutil.rmtree(work_dir, ignore_errors=True)
     return 0
 
 

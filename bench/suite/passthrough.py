@@ -34,6 +34,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from bench.suite.env import OUTPUT_TOPICS, RESULTS, TopicSet
 from branch_settlement.processors.crosscheck.readers import read_committed
+from branch_settlement.processors.kafka.processor_clients import PRODUCER_GUARANTEES, PRODUCER_TUNING
 
 log = logging.getLogger("bench.passthrough")
 CONSUME_BATCH = 500  # processors/kafka/processor.py
@@ -67,9 +68,9 @@ class PassThrough:
         self.fixed_period = args.schedule == "start"
         self.commit_events = args.commit_events
         config = {"bootstrap.servers": args.bootstrap_servers}
-        self.producer = Producer({**config, "transactional.id": args.transactional_id, "enable.idempotence": True,
-                                  "acks": "all", "linger.ms": 5, "transaction.timeout.ms": 30_000,
-                                  "compression.type": "lz4"})
+        # the processor's own producer settings (processors/kafka/processor_clients.py)
+        self.producer = Producer({**PRODUCER_TUNING, **config, **PRODUCER_GUARANTEES,
+                                  "transactional.id": args.transactional_id, "transaction.timeout.ms": 30_000})
         self.producer.init_transactions(30)
         self.consumer = Consumer({**config, "group.id": args.group, "isolation.level": "read_committed",
                                   "enable.auto.commit": False, "enable.auto.offset.store": False,

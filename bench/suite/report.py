@@ -40,8 +40,10 @@ def markdown(doc: dict) -> str:
                  _fmt(t["ceiling"]["steady_events_per_s"]),
                  _ratio(ratio(t["processor"]["steady_events_per_s"], t["ceiling"]["steady_events_per_s"])), "", ""))
     if len(t.get("rounds") or []) > 1:
-        rows.append((f"the {len(t['rounds'])} rounds' ratios (order; the median is above)",
+        rows.append((f"the {len(t['rounds'])} rounds: throughput ratio (order; the median round is above)",
                      ", ".join(f"{_ratio(r['ratio'])} ({r['order']})" for r in t["rounds"]), "", "", "", ""))
+        rows.append((f"the {len(t['rounds'])} rounds: CPU ratio", ", ".join(_ratio(r["cpu_ratio"]) for r in t["rounds"]),
+                     "", "", "", ""))
     pc, cc = t["processor"].get("cpu_us_per_record"), t["ceiling"].get("cpu_us_per_record")
     rows.append(("processor CPU per input record (µs, every thread)", _fmt(pc), _fmt(cc),
                  _ratio(ratio(pc, cc)) if pc and cc else "–", "≤ 2× the ceiling's",

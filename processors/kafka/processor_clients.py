@@ -18,6 +18,17 @@ from branch_settlement.processors.kafka.txn_guard import bounded, check_stuck_bu
 log = logging.getLogger("settle.processor")
 
 TXN_CALL_TIMEOUT_MAX_S = 10.0
+
+# The transactional producer's tuning, which a user's librdkafka settings (--kafka-config, SETTLE_KAFKA_*, the
+# [kafka] table) may override. retry.backoff.ms: the coordinator answers CONCURRENT_TRANSACTIONS to the next
+# transaction's AddOffsetsToTxn while it still writes the previous one's commit markers (a few ms; more on a busy
+# broker), and librdkafka retries it after retry.backoff.ms: at the default 100 ms one such answer made a
+# checkpoint 115 ms longer. 10 ms, doubling on each further retry up to retry.backoff.max.ms (1 s), as for
+# every other request (docs/decisions.md, decision 31). The pass-through ceiling (bench/suite/passthrough.py)
+# uses the same settings.
+PRODUCER_TUNING = {"linger.ms": 5, "compression.type": "lz4", "retry.backoff.ms": 10}
+# What exactly-once needs, never overridden.
+PRODUCER_GUARANTEES = {"enable.idempotence": True, "acks": "all"}
 INIT_ATTEMPTS = 5
 INIT_BACKOFF_S = 2.0
 
@@ -30,10 +41,7 @@ def new_producer(config: ProcessorConfig, extra: Mapping = {}) -> Producer:
     timeout_s = config.transaction_timeout_ms / 1000
     for attempt in range(1, INIT_ATTEMPTS + 1):
         check_stuck_budget()
-        producer = Producer({**config.client_config(), "transactional.id": config.transactional_id,
-                             "enable.idempotence": True, "acks": "all", "linger.ms": 5,
-                             "transaction.timeout.ms": config.transaction_timeout_ms, "compression.type": "lz4",
-                             **extra})
+        producer = Producer(producer_settings(config, extra))
         try:
             bounded("init_transactions", producer.init_transactions, timeout_s, timeout_s=timeout_s)
         except TransactionCallStuck as exc:
@@ -51,6 +59,14 @@ def new_producer(config: ProcessorConfig, extra: Mapping = {}) -> Producer:
                     INIT_ATTEMPTS, failure, INIT_BACKOFF_S)
         time.sleep(INIT_BACKOFF_S)
     raise AssertionError("unreachable")
+
+
+def producer_settings(config: ProcessorConfig, extra: Mapping = {}) -> dict:
+    """The transactional producer's librdkafka settings: PRODUCER_TUNING, then the user's (which may change
+    it), then what exactly-once needs (which nothing changes)."""
+    return {**PRODUCER_TUNING, **config.client_config(), **PRODUCER_GUARANTEES,
+            "transactional.id": config.transactional_id, "transaction.timeout.ms": config.transaction_timeout_ms,
+            **extra}
 
 
 def _init_retriable(exc: KafkaException) -> bool:

@@ -85,3 +85,20 @@ def test_connection_settings_precedence_default_env_flag():
 def test_bad_or_competing_connection_settings_are_refused(argv, environ):
     with pytest.raises(ConfigError):
         config_from_args(_connection_args(*argv), environ=environ)
+
+
+def test_the_transactional_producer_retries_soon_a_user_may_retune_it_never_weaken_it():
+    """retry.backoff.ms 10 by default (decision 31: a CONCURRENT_TRANSACTIONS answer to AddOffsetsToTxn cost
+    ~100 ms at librdkafka's default); a user's librdkafka settings change the tuning, never idempotence or acks."""
+    from branch_settlement.processors.kafka.config import ProcessorConfig
+    from branch_settlement.processors.kafka.processor_clients import producer_settings
+
+    plain = producer_settings(ProcessorConfig())
+    assert plain["retry.backoff.ms"] == 10 and plain["linger.ms"] == 5 and plain["compression.type"] == "lz4"
+    assert plain["enable.idempotence"] is True and plain["acks"] == "all"
+    assert plain["transactional.id"] == ProcessorConfig().transactional_id
+
+    user = producer_settings(ProcessorConfig(kafka={"retry.backoff.ms": "50", "linger.ms": "20", "acks": "1",
+                                                    "enable.idempotence": "false"}))
+    assert user["retry.backoff.ms"] == "50" and user["linger.ms"] == "20"
+    assert user["enable.idempotence"] is True and user["acks"] == "all"
