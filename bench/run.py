@@ -10,7 +10,7 @@ shared and noisy: ratios travel, absolute figures do not.
 1. throughput of one `settle run` process (exactly-once defaults) on the seeded realistic workload, and the
    ceiling: a transactional pass-through producing the processor's own outputs at the same commit cadence.
    A freshly started broker gets faster for minutes (its JIT), so one processor run first warms it, not counted;
-   then three rounds (one in --quick) of processor and ceiling, the order alternating (P C, C P, P C), and the
+   then five rounds (one in --quick) of processor and ceiling, the order alternating (P C, C P, P C, ...), and the
    round with the median ratio is the headline; every round is reported;
 2. scaling: the same workload with two processes in one group;
 3. latency from produce to a read_committed result at 25/50/75% of the throughput measured in 1;
@@ -62,7 +62,7 @@ class Settings:
     latency_seconds: float = 30.0  # per load level
     latency_warmup_s: float = 5.0
     warmup: bool = True  # one processor run before the measured rounds, not counted
-    rounds: int = 3  # processor and ceiling, the order alternating; the median ratio is the headline
+    rounds: int = 5  # processor and ceiling, the order alternating; the median ratio is the headline
     bootstrap_servers: str = DEFAULT_BOOTSTRAP_SERVERS
 
 
