@@ -3,10 +3,11 @@ outcome, its duration, what it released), the gauges of the owned partitions (th
 and children, lag, ledger time), and librdkafka's statistics of its clients.
 
 The ledger gauges cost nothing per event. Each owned partition has a `LedgerStats`, built once from its
-projection and kept up to date from each committed checkpoint: the ledger changes it writes to RocksDB (the
-new value of every parent and child it changed) and the audit records it committed (the lease expiries).
-Only the few fields it needs are read from a record's Avro bytes (`_Fields`), so a checkpoint costs about a
-microsecond per changed record more; `update_gauges` then sums a few small dicts per partition.
+projection and kept up to date from each committed checkpoint: the audit records it committed (every change of a
+child's state is one, and so is every lease expiry) and the ledger changes it writes to RocksDB (the new value of
+every parent and child it changed). Only the few fields it needs are read from a record's Avro bytes (`_Fields`),
+so a checkpoint costs well under a microsecond per record more; `update_gauges` then sums a few small dicts per
+partition.
 """
 
 from __future__ import annotations
@@ -188,14 +189,14 @@ def _remove(gauge, *labels: str) -> None:
 
 def _stats(metrics: Metrics, task: PartitionTask) -> LedgerStats | None:
     """The task's LedgerStats, made on first sight. Its hooks follow the commit sequence (checkpoint.py):
-    forget_committed (the transaction committed; the task's records are still there) counts the expiries,
+    forget_committed (the transaction committed; the task's records are still there) counts the audit records,
     write_committed applies the ledger changes before RocksDB is written (an old value it needs is read from
     there). A failure in the statistics never reaches the commit: they are given up for that task."""
     entry = metrics.partition_stats.get(task.partition)
     if entry is not None and entry[0]() is task:
         return entry[1]
     try:
-        stats = LedgerStats(task.store, task.codec, metrics, task.view.meta.get("ledger_time_ms", 0))
+        stats = LedgerStats(task.store, task.codec, metrics)
         _hook(task, stats)
     except Exception:
         log.exception("partition %d: no ledger gauges (could not read its projection)", task.partition)
@@ -209,7 +210,7 @@ def _hook(task: PartitionTask, stats: LedgerStats) -> None:
     forget, write = task.forget_committed, task.write_committed
 
     def forget_committed():
-        stats.guarded(stats.count_expiries, task)
+        stats.guarded(stats.count_audits, task.records)
         return forget()
 
     def write_committed(changes, changelog_offset):
@@ -225,14 +226,16 @@ class LedgerStats:
     balance terms of parents that are not open (closing and expired ones each, closed ones summed: a closed
     parent never changes again), what stranded children hold, and the lease expiries it committed.
 
-    Per record it keeps only what a change cannot tell: the state of every unsettled child (a settled one is
-    terminal), the remainders of stranded ones, the keys of open parents and the terms of closing and expired
-    ones. The balance terms of open parents are the task's totals (PartitionTask.capacity, every parent) minus
-    those of the others."""
+    The children are counted from the committed audit records, not from the changed records: every change of a
+    child's state is an audit record (prior -> new; a new child's prior is empty, and `expired`, which a child
+    only passes through within one event, is never stored), so nothing is kept per child but the remainders of
+    stranded ones; a child deleted by retention (settled: its state never changes again) is taken off with its
+    stored state. Per parent it keeps the keys of open parents and the terms of closing and expired ones. The
+    balance terms of open parents are the task's totals (PartitionTask.capacity, every parent) minus those of the
+    others."""
 
-    def __init__(self, store, codec, metrics: Metrics, ledger_time_ms: int = 0) -> None:
+    def __init__(self, store, codec, metrics: Metrics) -> None:
         self._store = store
-        self._ledger_time_ms = ledger_time_ms  # as of the last commit
         self._codec = codec
         self._fields = _Fields(codec)
         self._expiries = {kind: metrics.lease_expiries.labels(kind) for kind in ("child", "parent")}
@@ -241,15 +244,16 @@ class LedgerStats:
         self.stranded_capacity: dict[str, int] = {}
         self.fenced_totals: dict[tuple[str, str], int] = {}
         self.closed_totals: dict[tuple[str, str], int] = {}
-        self._unsettled: dict[bytes, str] = {}  # child key -> state, for every child not committed or released
         self._stranded: dict[bytes, dict[str, int]] = {}  # child key -> its remainders, for stranded children
         self._open: set[bytes] = set()  # parent keys
         # closing or expired parent key -> (its status, its terms)
         self._fenced: dict[bytes, tuple[str, dict[tuple[str, str], int]]] = {}
         self.failed = False
-        state = self._fields.child_state
+        children, state = self.children, self._fields.child_state
         for key, value in store.scan(keys.prefix(keys.CHILD)):
-            self._child(key, None, state(value), value)
+            name = state(value)
+            children[name] = children.get(name, 0) + 1
+            self._strand(key, name, value)
         for key, value in store.scan(keys.prefix(keys.PARENT)):
             self._parent(key, value)
 
@@ -261,6 +265,46 @@ class LedgerStats:
         except Exception:
             self.failed = True
             log.exception("ledger gauges given up for a partition: they stay as they were")
+
+    # -- a checkpoint's audit records, once committed ---------------------------------------------------
+
+    def count_audits(self, records: list) -> None:
+        """A committed checkpoint's records ((logical topic, key, value), in order): each audit record of a child
+        whose state changed moves it from its prior state to its new one, and one whose new state is `expired`
+        is a lease expiry (a child's, or an open parent's)."""
+        compiled = native.compiled_function("count_audits")  # native/src/stats.rs
+        if compiled is not None and type(records) is list:
+            child, parent = compiled(records, self._audit_layout())
+        else:
+            child = parent = 0
+            for topic, _, value in records:
+                if topic == AUDIT_TOPIC:
+                    c, p = self._count_audit(value)
+                    child += c
+                    parent += p
+        if child:
+            self._expiries["child"].inc(child)
+        if parent:
+            self._expiries["parent"].inc(parent)
+
+    def _audit_layout(self) -> tuple:
+        """What native/src/stats.rs reads of these gauges and of the audit record's layout, in its order."""
+        return AUDIT_TOPIC, self._fields._audit, _STATES, self.children, self._count_audit
+
+    def _count_audit(self, value: bytes) -> tuple[int, int]:
+        """One audit record counted: the lease expiries it is, (a child's, a parent's)."""
+        is_child, prior, new = self._fields.transition(value)
+        if prior == new:
+            return 0, 0
+        if is_child:
+            children = self.children
+            if prior and prior != model.EXPIRED:
+                children[prior] = children.get(prior, 0) - 1
+            if new != model.EXPIRED:
+                children[new] = children.get(new, 0) + 1
+        if new != model.EXPIRED:
+            return 0, 0
+        return (1, 0) if is_child else (0, 1)
 
     # -- a checkpoint's changes, before they are written ------------------------------------------------
 
@@ -280,37 +324,29 @@ class LedgerStats:
     def _layout(self) -> tuple:
         """What native/src/stats.rs reads of these gauges and of the record layout, in its order."""
         fields = self._fields
-        return (_CHILD, _PARENT, fields._child, fields._parent, _STATES, UNSETTLED_STATES, model.STRANDED,
-                model.PARENT_OPEN, self._unsettled, self._open, self.children, self._store.get, self._change_child,
-                self._change_parent)
+        return (_CHILD, _PARENT, fields._child, fields._parent, _STATES, model.STRANDED.encode(),
+                model.PARENT_OPEN, self._stranded, self._open, self._change_child, self._change_parent)
 
     def _change_child(self, key: bytes, value: bytes | None) -> None:
-        new = None if value is None else self._fields.child_state(value)
-        old = self._unsettled.get(key)
-        if old is None and new not in UNSETTLED_STATES:
-            # Not unsettled before: new, or settled (terminal: its state cannot change, but its record can).
+        """Its state was counted from the audit records; what is left: the remainders of a stranded child, and a
+        child deleted (by retention: settled, so its stored state is its last)."""
+        held = self._stranded.pop(key, None)
+        if held is not None:
+            _subtract(self.stranded_capacity, held)
+        if value is None:
             stored = self._store.get(key)
             if stored is not None:
-                old = self._fields.child_state(stored)
-        self._child(key, old, new, value)
+                state = self._fields.child_state(stored)
+                self.children[state] = self.children.get(state, 0) - 1
+            return
+        self._strand(key, self._fields.child_state(value), value)
 
-    def _child(self, key: bytes, old: str | None, new: str | None, value: bytes | None) -> None:
-        children = self.children
-        if old is not None:
-            children[old] = children.get(old, 0) - 1
-            if old == model.STRANDED:
-                _subtract(self.stranded_capacity, self._stranded.pop(key, {}))
-        if new is not None:
-            children[new] = children.get(new, 0) + 1
-            if new == model.STRANDED:
-                child = self._codec.decode(value)[1]
-                held = {dim: model.remainder(child, dim) for dim in child["reserved"]}
-                self._stranded[key] = held
-                _add(self.stranded_capacity, held)
-        if new in UNSETTLED_STATES:
-            self._unsettled[key] = new
-        elif old is not None:
-            self._unsettled.pop(key, None)
+    def _strand(self, key: bytes, state: str, value: bytes) -> None:
+        if state == model.STRANDED:
+            child = self._codec.decode(value)[1]
+            held = {dim: model.remainder(child, dim) for dim in child["reserved"]}
+            self._stranded[key] = held
+            _add(self.stranded_capacity, held)
 
     def _change_parent(self, key: bytes, value: bytes | None) -> None:
         if key in self._open:
@@ -345,25 +381,6 @@ class LedgerStats:
         else:
             _add(self.closed_totals, terms)
 
-    # -- a checkpoint's audit records, once committed ---------------------------------------------------
-
-    def count_expiries(self, task: PartitionTask) -> None:
-        """Count the committed audit records of an expiry: a state that becomes `expired` (a child's lease, or
-        an open parent's). Leases expire only at a tick that moves ledger time on, so a checkpoint whose ledger
-        time has not moved is not looked at; in one that has, only audit records holding the Avro string
-        "expired" are read further."""
-        now_ms = task.view.meta.get("ledger_time_ms", 0)
-        if now_ms == self._ledger_time_ms:
-            return
-        self._ledger_time_ms = now_ms
-        marker = _EXPIRED
-        fields = self._fields
-        for topic, _, value in task.records:
-            if topic == AUDIT_TOPIC and marker in value:
-                kind = fields.expiry(value)
-                if kind is not None:
-                    self._expiries[kind].inc()
-
 
 def _subtract(totals: dict, values: dict) -> None:
     for key, value in values.items():
@@ -374,7 +391,6 @@ def _subtract(totals: dict, values: dict) -> None:
 
 _CHILD, _PARENT = keys.CHILD[0], keys.PARENT[0]
 _HEADER = 10  # C3 01 and the writer schema's 8-byte fingerprint (schemas/codec.py)
-_EXPIRED = b"\x0e" + model.EXPIRED.encode()  # the Avro string "expired": its length (7, zigzag 14), its bytes
 _STATES = {state.encode(): state for state in (*CHILD_STATES, model.EXPIRED, *PARENT_STATUSES)}
 
 
@@ -407,8 +423,8 @@ class _Fields:
             return _state(data, _skip(data, _HEADER, 1))  # after parent_id
         return self._codec.decode(data)[1]["status"]
 
-    def expiry(self, data: bytes) -> str | None:
-        """'child' or 'parent' when the audit record is of a lease expiry, else None."""
+    def transition(self, data: bytes) -> tuple[bool, str, str]:
+        """An audit record's (whether it is a child's, its prior state, its new state)."""
         if data[2:_HEADER] == self._audit:
             pos = _skip(data, _HEADER, 1)  # parent_id
             child_len, pos = _long(data, pos)
@@ -420,18 +436,12 @@ class _Fields:
             if branch:
                 _, pos = _long(data, pos)
             prior_len, pos = _long(data, pos)
-            prior = data[pos:pos + prior_len]
+            prior = _name(data[pos:pos + prior_len])
             pos += prior_len
             new_len, pos = _long(data, pos)
-            new = data[pos:pos + new_len]
-            is_child = child_len > 0
-        else:
-            record = self._codec.decode(data)[1]
-            prior, new = record["prior_state"].encode(), record["new_state"].encode()
-            is_child = bool(record["child_id"])
-        if new != b"expired" or prior == b"expired":
-            return None
-        return "child" if is_child else "parent"
+            return child_len > 0, prior, _name(data[pos:pos + new_len])
+        record = self._codec.decode(data)[1]
+        return bool(record["child_id"]), record["prior_state"], record["new_state"]
 
 
 def _long(data: bytes, pos: int) -> tuple[int, int]:
@@ -466,6 +476,10 @@ def _state(data: bytes, pos: int) -> str:
     else:
         length, pos = _long(data, pos)
         raw = data[pos:pos + length]
+    return _name(raw)
+
+
+def _name(raw: bytes) -> str:
     state = _STATES.get(raw)
     return raw.decode() if state is None else state
 

@@ -164,6 +164,12 @@ def fold_and_compare(tmp_path: Path, seed: int, hooked: bool) -> dict[str, bool]
         seen["stranded"] |= truth["children"]["stranded"] > 0
         seen["expiries"] |= sum(expected.values()) > 0
         seen["closed"] |= truth["parents"]["closed"] > 0
+        # Nothing is kept per child but the remainders of a stranded one; per parent, the open ones' keys and
+        # the terms of closing and expired ones.
+        stats = metrics.partition_stats[0][1]
+        assert len(stats._stranded) == truth["children"]["stranded"]
+        assert len(stats._open) == truth["parents"]["open"]
+        assert len(stats._fenced) == truth["parents"]["closing"] + truth["parents"]["expired"]
     assert commits and sample(metrics, "settle_owned_partitions") == 1
     # A processor taking the partition over counts the same from the projection alone.
     again = Metrics()
@@ -180,11 +186,13 @@ def fold_and_compare(tmp_path: Path, seed: int, hooked: bool) -> dict[str, bool]
 @pytest.mark.parametrize("seed", SEEDS)
 def test_ledger_gauges_agree_with_a_recount_after_every_checkpoint(tmp_path: Path, seed: int, hooked: bool,
                                                                    implementation: str, monkeypatch) -> None:
-    """Both implementations of LedgerStats.apply (native/src/stats.rs and the Python loop it falls back to)."""
+    """Both implementations of LedgerStats.apply and count_audits (native/src/stats.rs and the Python loops they
+    fall back to)."""
     if implementation == native.COMPILED and native.module() is None:
         pytest.skip("needs the compiled module")  # CI builds it: never skipped there
     monkeypatch.setenv(native.ENV, implementation)
-    assert (native.compiled_function("apply_ledger_changes") is not None) == (implementation == native.COMPILED)
+    for name in ("apply_ledger_changes", "count_audits"):
+        assert (native.compiled_function(name) is not None) == (implementation == native.COMPILED)
     fold_and_compare(tmp_path, seed, hooked)
 
 
@@ -260,6 +268,44 @@ def test_records_of_an_older_writer_schema_are_read_through_the_codec() -> None:
     assert fields.child_state(data) == "stranded"
     current = CODEC.encode("LedgerChild", {**CODEC.decode(data)[1], "child_id": "x" * 300})  # a long id too
     assert fields.child_state(current) == "stranded"
+
+
+def audit(child_id: str, prior: str, new: str, dimension: str | None = None, quantity: int | None = None) -> bytes:
+    return CODEC.encode("AuditRecord", {
+        "parent_id": "wf-" + "p" * 70, "child_id": child_id, "attempt_id": "a1", "dimension": dimension,
+        "quantity": quantity, "prior_state": prior, "new_state": new, "idempotency_key": "k", "lease_generation": 0,
+        "triggering_event_id": "e", "event_type": "Tick", "input_partition": 0, "input_offset": 1,
+        "ledger_time_ms": 5, "note": ""})
+
+
+@pytest.mark.parametrize("implementation", [native.COMPILED, native.PYTHON])
+def test_audit_records_move_children_between_states_and_count_expiries(tmp_path: Path, implementation: str,
+                                                                       monkeypatch) -> None:
+    """Each change of a child's state is one audit record: a new child comes from nowhere (prior ''), `expired`
+    is passed through and never counted as a state, a note (prior == new) moves nothing, a parent's audit record
+    counts only as a parent's lease expiry, and a record of another topic is not read."""
+    if implementation == native.COMPILED and native.module() is None:
+        pytest.skip("needs the compiled module")  # CI builds it: never skipped there
+    monkeypatch.setenv(native.ENV, implementation)
+    metrics = Metrics()
+    stats = reporting.LedgerStats(RocksStore(tmp_path / "p0"), CODEC, metrics)
+    long_id = "c" * 200  # a length of more than one varint byte
+    records = [(reporting.AUDIT_TOPIC, b"k", audit("c1", "", model.RESERVED)),
+               (reporting.AUDIT_TOPIC, b"k", audit(long_id, "", model.RESERVED)),
+               (reporting.AUDIT_TOPIC, b"k", audit("c1", model.RESERVED, model.ACTIVATED)),
+               (reporting.AUDIT_TOPIC, b"k", audit("c1", model.ACTIVATED, model.ACTIVATED, "tokens", 3)),
+               (reporting.AUDIT_TOPIC, b"k", audit(long_id, model.RESERVED, model.EXPIRED)),
+               (reporting.AUDIT_TOPIC, b"k", audit(long_id, model.EXPIRED, model.RELEASED, "tokens", 7)),
+               (reporting.AUDIT_TOPIC, b"k", audit("", model.PARENT_OPEN, model.PARENT_EXPIRED)),
+               (reporting.AUDIT_TOPIC, b"k", audit("", model.PARENT_EXPIRED, model.PARENT_EXPIRED)),
+               ("settlement-results", b"k", audit("c9", "", model.RESERVED))]
+    stats.count_audits(records)
+    assert nonzero(stats.children) == {model.ACTIVATED: 1, model.RELEASED: 1}
+    assert model.EXPIRED not in stats.children
+    assert sample(metrics, "settle_lease_expiries_total", kind="child") == 1
+    assert sample(metrics, "settle_lease_expiries_total", kind="parent") == 1
+    assert stats._fields.transition(records[3][2]) == (True, model.ACTIVATED, model.ACTIVATED)
+    assert stats._fields.transition(records[6][2]) == (False, model.PARENT_OPEN, model.PARENT_EXPIRED)
 
 
 # -- librdkafka statistics ------------------------------------------------------------------------------------
