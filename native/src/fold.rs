@@ -82,6 +82,8 @@ const DEADLINE_DIGITS: usize = 16;
 const TIMER_RECORD: &str = "TimerRecord";
 const NEW_RECORD_BYTES: i64 = 1024;
 const ENTRY_BYTES: i64 = 400;
+/// The record keys an event keeps to use again (Ctx::key_object): its idempotency record, parent and child.
+const KEYS_KEPT: usize = 4;
 
 /// What fold.py checks at start: each of its names and limits, as this code has them.
 const CONTRACT: &[(&str, Value)] = &[
@@ -529,6 +531,11 @@ struct Ctx<'py> {
     charged: std::cell::Cell<i64>,
     /// Where the event's audit records are written at once (FoldCore::apply_with), instead of into `audits` as dicts.
     direct: Option<DirectAudits<'py>>,
+    /// The record keys this event made, each made once: a record read and written again uses the same object.
+    keys: std::cell::RefCell<Vec<(Vec<u8>, Bound<'py, PyBytes>)>>,
+    /// The event's idempotency key where it is in neither the cache nor the store: not cached as absent unless
+    /// the event ends without writing it (Ctx::cache_absent_key).
+    absent_key: std::cell::RefCell<Option<Bound<'py, PyBytes>>>,
 }
 
 /// An event's audit records, encoded as they are made: (key, value), as OutputEncoder would give them.
@@ -625,10 +632,28 @@ impl<'py> Ctx<'py> {
 
     // -- the view ---------------------------------------------------------------------------------------------
 
+    /// The key object of `key`: the one this event made already, or a new one.
+    fn key_object(&self, key: Vec<u8>) -> Bound<'py, PyBytes> {
+        let mut keys = self.keys.borrow_mut();
+        if let Some((_, object)) = keys.iter().find(|(bytes, _)| *bytes == key) {
+            return object.clone();
+        }
+        let object = PyBytes::new(self.py, &key);
+        if keys.len() < KEYS_KEPT {
+            keys.push((key, object.clone()));
+        }
+        object
+    }
+
     /// LedgerView._get
     fn get(&self, key: Vec<u8>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.lookup(self.key_object(key), true)
+    }
+
+    /// LedgerView._get, where `cache_absent` says whether a key found nowhere is cached as absent (as `_get` does)
+    /// or, for the event's idempotency key, left to Ctx::cache_absent_key.
+    fn lookup(&self, key: Bound<'py, PyBytes>, cache_absent: bool) -> PyResult<Option<Bound<'py, PyDict>>> {
         let py = self.py;
-        let key = PyBytes::new(py, &key);
         let found = match self.cache.get_item(&key)? {
             Some(found) => found,
             None => {
@@ -639,8 +664,12 @@ impl<'py> Ctx<'py> {
                     Some(entry) => entry.get_item(1)?,
                 };
                 if raw.is_none() {
-                    self.cache.set_item(&key, py.None())?;
-                    self.charge(&key, ENTRY_BYTES)?;
+                    if cache_absent {
+                        self.cache.set_item(&key, py.None())?;
+                        self.charge(&key, ENTRY_BYTES)?;
+                    } else {
+                        *self.absent_key.borrow_mut() = Some(key);
+                    }
                     return Ok(None);
                 }
                 let decoded = self.decode.call1((&raw,))?;
@@ -678,9 +707,22 @@ impl<'py> Ctx<'py> {
         Ok(cached + charged)
     }
 
+    /// The event's idempotency key, looked up and found nowhere, is cached as absent only now that the event
+    /// ended without writing it (a rejection): the view's cache and its size are then as `_get` leaves them,
+    /// without caching and uncaching the key of every event that is taken.
+    fn cache_absent_key(&self) -> PyResult<()> {
+        if let Some(key) = self.absent_key.borrow_mut().take() {
+            if !self.cache.contains(&key)? {
+                self.cache.set_item(&key, self.py.None())?;
+                self.charge(&key, ENTRY_BYTES)?;
+            }
+        }
+        Ok(())
+    }
+
     /// LedgerView._put
     fn put(&self, key: Vec<u8>, name: &Bound<'py, PyString>, record: &Bound<'py, PyDict>) -> PyResult<()> {
-        let key = PyBytes::new(self.py, &key);
+        let key = self.key_object(key);
         let cached = self.cache.get_item(&key)?;
         if !cached.is_some_and(|cached| cached.is(record)) {
             self.cache.set_item(&key, record)?;
@@ -699,15 +741,16 @@ impl<'py> Ctx<'py> {
     }
 
     fn idempotency(&self, parent_id: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        self.get(record_key(KEY_IDEMPOTENCY, &[parent_id, &self.key])?)
+        self.lookup(self.key_object(record_key(KEY_IDEMPOTENCY, &[parent_id, &self.key])?), false)
     }
 
     /// LedgerView.put_idempotency: encoded at once into the changes, and out of the cache. `values`: the record's, in
     /// IDEMPOTENCY_SLOTS' order (a dict of them only where the compiled writer cannot write them from there).
     fn put_idempotency(&self, parent_id: &Bound<'py, PyAny>, values: &[Bound<'py, PyAny>; 4]) -> PyResult<()> {
         let py = self.py;
-        let key = PyBytes::new(py, &record_key(KEY_IDEMPOTENCY, &[parent_id, &self.key])?);
-        if self.cache.contains(&key)? {
+        let key = self.key_object(record_key(KEY_IDEMPOTENCY, &[parent_id, &self.key])?);
+        let absent = self.absent_key.borrow_mut().take();
+        if !absent.is_some_and(|absent| absent.is(&key)) && self.cache.contains(&key)? {
             // looked up first, and cached as absent
             self.cache.del_item(&key)?;
             if let Some(size) = self.sizes.get_item(&key)? {
@@ -1760,6 +1803,8 @@ impl FoldCore {
             settled: lists.settled.clone(),
             touched: Vec::new(),
             touched_children: Vec::new(),
+            keys: std::cell::RefCell::new(Vec::with_capacity(KEYS_KEPT)),
+            absent_key: std::cell::RefCell::new(None),
             overdrawn: false,
             charged: std::cell::Cell::new(0),
             direct: direct.map(|d| DirectAudits {
@@ -1770,7 +1815,12 @@ impl FoldCore {
                 written: std::cell::RefCell::new((Vec::new(), Vec::with_capacity(256))),
             }),
         };
-        let once = self.apply_once(&mut ctx, &parent_id);
+        let mut once = self.apply_once(&mut ctx, &parent_id);
+        if matches!(once, Ok(_)) {
+            if let Err(err) = ctx.cache_absent_key() {
+                once = Err(Fail::Py(err));
+            }
+        }
         // whatever the outcome (taken, left to Python, failed), the view's size as the records it now holds
         let settled = ctx.settle_charges();
         let cached = match settled {
