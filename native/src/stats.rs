@@ -49,6 +49,9 @@ pub fn count_audits(records: &Bound<'_, PyList>, layout: &Bound<'_, PyTuple>) ->
     let children = layout.get_item(3)?.downcast_into::<PyDict>()?;
     let count_one = layout.get_item(4)?;
     let (mut child_expiries, mut parent_expiries) = (0i64, 0i64);
+    // state -> what this call adds to its count, added to `children` once at the end (a record left to the
+    // Python method changes `children` itself: the two sums commute)
+    let mut deltas = Deltas(Vec::new());
     for record in records.iter() {
         let record = record.downcast_into::<PyTuple>()?;
         let logical = record.get_item(0)?;
@@ -61,7 +64,7 @@ pub fn count_audits(records: &Bound<'_, PyList>, layout: &Bound<'_, PyTuple>) ->
             Err(_) => None,
         };
         let counted = match read {
-            Some((is_child, prior, new)) => count(py, &names, &children, is_child, prior, new)?,
+            Some((is_child, prior, new)) => count(py, &names, &mut deltas, is_child, prior, new)?,
             None => None,
         };
         let (child, parent) = match counted {
@@ -71,11 +74,41 @@ pub fn count_audits(records: &Bound<'_, PyList>, layout: &Bound<'_, PyTuple>) ->
         child_expiries += child;
         parent_expiries += parent;
     }
+    for (name, delta) in deltas.0 {
+        add(&children, &name, delta)?;
+    }
     Ok((child_expiries, parent_expiries))
 }
 
+/// Additions to the counts of states, by name.
+struct Deltas<'py>(Vec<(Bound<'py, PyAny>, i64)>);
+
+impl<'py> Deltas<'py> {
+    fn add(&mut self, name: Bound<'py, PyAny>, delta: i64) -> PyResult<()> {
+        // the names are the interned ones (Names) but for a state `_STATES` does not know
+        let at = match self.0.iter().position(|(known, _)| known.is(&name)) {
+            Some(at) => Some(at),
+            None => {
+                let mut found = None;
+                for (at, (known, _)) in self.0.iter().enumerate() {
+                    if known.eq(&name)? {
+                        found = Some(at);
+                        break;
+                    }
+                }
+                found
+            }
+        };
+        match at {
+            Some(at) => self.0[at].1 += delta,
+            None => self.0.push((name, delta)),
+        }
+        Ok(())
+    }
+}
+
 /// `LedgerStats._count_audit` of a record read: the expiries; None (nothing changed) where a state is not UTF-8.
-fn count<'py>(py: Python<'py>, names: &Names<'py>, children: &Bound<'py, PyDict>, is_child: bool, prior: &[u8],
+fn count<'py>(py: Python<'py>, names: &Names<'py>, deltas: &mut Deltas<'py>, is_child: bool, prior: &[u8],
               new: &[u8]) -> PyResult<Option<(i64, i64)>> {
     if prior == new {
         return Ok(Some((0, 0)));
@@ -98,10 +131,10 @@ fn count<'py>(py: Python<'py>, names: &Names<'py>, children: &Bound<'py, PyDict>
             None
         };
         if let Some(name) = leaves {
-            add(children, &name, -1)?;
+            deltas.add(name, -1)?;
         }
         if let Some(name) = enters {
-            add(children, &name, 1)?;
+            deltas.add(name, 1)?;
         }
     }
     Ok(Some(match (new == EXPIRED, is_child) {
