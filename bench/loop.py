@@ -47,8 +47,8 @@ PARTITIONS = 8
 # (owner, function) whose thread time --split reports
 STEPS = ((Processor, "_fold_batch"), (Processor, "checkpoint"), (checkpoint, "encode_checkpoint"),
          (PartitionTask, "forget_committed"), (LedgerView, "mark_committed"), (PartitionTask, "_clear"),
-         (PartitionTask, "write_committed"), (reporting.LedgerStats, "apply"), (PartitionTask, "_update_capacity"),
-         (RocksStore, "write"))
+         (PartitionTask, "write_committed"), (reporting.LedgerStats, "apply"),
+         (reporting.LedgerStats, "count_audits"), (PartitionTask, "_update_capacity"), (RocksStore, "write"))
 
 
 class CountingProducer(sim.FakeProducer):

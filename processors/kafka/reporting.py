@@ -35,7 +35,6 @@ log = logging.getLogger("settle.metrics")
 CHILD_STATES = (model.RESERVED, model.ACTIVATED, model.PARTIALLY_CONSUMED, model.CANCEL_REQUESTED,
                 model.RECONCILING, model.STRANDED, model.COMMITTED, model.RELEASED)
 PARENT_STATUSES = (model.PARENT_OPEN, model.PARENT_CLOSING, model.PARENT_EXPIRED, model.PARENT_CLOSED)
-UNSETTLED_STATES = model.LIVE_STATES | model.PENDING_STATES
 FENCED_STATUSES = frozenset({model.PARENT_CLOSING, model.PARENT_EXPIRED})
 AUDIT_TOPIC = next(topic for attr, topic, _ in OUTPUT_ROUTES if attr == "audits")
 
