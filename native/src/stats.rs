@@ -185,9 +185,8 @@ struct Layout<'py> {
     parent_kind: u8,
     child_header: Vec<u8>,
     parent_header: Vec<u8>,
-    states: Bound<'py, PyDict>, // state bytes -> the interned state name (reporting._STATES)
     stranded_state: Vec<u8>,
-    parent_open: Bound<'py, PyString>,
+    open_status: Vec<u8>,
     stranded: Bound<'py, PyDict>, // stranded child key -> its remainders
     open: Bound<'py, PySet>,      // open parent keys
     change_child: Bound<'py, PyAny>,
@@ -202,13 +201,12 @@ pub fn apply_ledger_changes(changes: &Bound<'_, PyList>, layout: &Bound<'_, PyTu
         parent_kind: layout.get_item(1)?.extract()?,
         child_header: layout.get_item(2)?.extract()?,
         parent_header: layout.get_item(3)?.extract()?,
-        states: layout.get_item(4)?.downcast_into()?,
-        stranded_state: layout.get_item(5)?.extract()?,
-        parent_open: layout.get_item(6)?.downcast_into()?,
-        stranded: layout.get_item(7)?.downcast_into()?,
-        open: layout.get_item(8)?.downcast_into()?,
-        change_child: layout.get_item(9)?,
-        change_parent: layout.get_item(10)?,
+        stranded_state: layout.get_item(4)?.extract()?,
+        open_status: layout.get_item(5)?.extract()?,
+        stranded: layout.get_item(6)?.downcast_into()?,
+        open: layout.get_item(7)?.downcast_into()?,
+        change_child: layout.get_item(8)?,
+        change_parent: layout.get_item(9)?,
     };
     for change in changes.iter() {
         let change = change.downcast_into::<PyTuple>()?;
@@ -249,11 +247,7 @@ fn parent_stays_open<'py>(l: &Layout<'py>, key: &Bound<'py, PyAny>, value: &Boun
         return Ok(false);
     }
     let Ok(bytes) = value.downcast::<PyBytes>() else { return Ok(false) };
-    let Some(raw) = raw_state(bytes.as_bytes(), &l.parent_header, 1) else { return Ok(false) };
-    Ok(match l.states.get_item(PyBytes::new(value.py(), raw))? {
-        Some(status) => status.eq(&l.parent_open)?,
-        None => false,
-    })
+    Ok(raw_state(bytes.as_bytes(), &l.parent_header, 1) == Some(l.open_status.as_slice()))
 }
 
 /// The bytes of the state (or status) a record of the current writer schema holds after its first `strings`

@@ -323,8 +323,8 @@ class LedgerStats:
     def _layout(self) -> tuple:
         """What native/src/stats.rs reads of these gauges and of the record layout, in its order."""
         fields = self._fields
-        return (_CHILD, _PARENT, fields._child, fields._parent, _STATES, model.STRANDED.encode(),
-                model.PARENT_OPEN, self._stranded, self._open, self._change_child, self._change_parent)
+        return (_CHILD, _PARENT, fields._child, fields._parent, model.STRANDED.encode(), model.PARENT_OPEN.encode(),
+                self._stranded, self._open, self._change_child, self._change_parent)
 
     def _change_child(self, key: bytes, value: bytes | None) -> None:
         """Its state was counted from the audit records; what is left: the remainders of a stranded child, and a
