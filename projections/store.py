@@ -15,7 +15,6 @@ store. tests/projections/test_store_contract.py runs one contract suite against 
 from __future__ import annotations
 
 import os
-from bisect import bisect_left
 from operator import itemgetter
 from typing import Iterable, Iterator, Protocol
 
@@ -187,85 +186,3 @@ class RocksStore:
 
     def close(self) -> None:
         self._db.close()
-
-
-class StagedStore:
-    """A store, and the ledger changes of one checkpoint staged on top of it: committed to Kafka (or being
-    committed) but not written to the store yet. The processor folds the next events while a checkpoint's
-    transaction completes (processors/kafka/checkpoint.py), so what the fold reads must be the ledger after that
-    checkpoint: `get` and `scan` see the staged changes over the store beneath. Once the transaction committed,
-    `write_staged` writes them (one batch, with the changelog offset); if it did not, `drop_staged` forgets
-    them. Nothing staged ever reaches the store beneath without `write_staged`, and the staging lives only in
-    this object: a crash loses it, as it loses every uncommitted change. `written` is the store beneath (what a
-    checkpoint's changes replace, for the metrics' old values)."""
-
-    def __init__(self, store: Store) -> None:
-        self.written = store
-        self._changes: list[Change] | None = None
-        self._staged: dict[bytes, bytes | None] = {}
-        self._sorted: list[bytes] | None = None  # the staged keys in order, made by the first scan
-        # No change staged: the store's own `get` (RocksStore's is RocksDB's, no Python frame); see `stage`.
-        self.get = store.get
-
-    def stage(self, changes: list[Change]) -> None:
-        if self._changes is not None:
-            raise RuntimeError("a checkpoint's changes are staged already: one checkpoint completes at a time")
-        self._changes = changes
-        self._staged = dict(changes)  # a key changed twice keeps its last value, as the store's batch does
-        self._sorted = None
-        self.get = self._get_staged
-
-    def staged(self) -> bool:
-        return self._changes is not None
-
-    def _get_staged(self, key: bytes) -> bytes | None:
-        staged = self._staged
-        if key in staged:
-            return staged[key]
-        return self.written.get(key)
-
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        if self._changes is None:
-            yield from self.written.scan(prefix)
-            return
-        merged = dict(self.written.scan(prefix))
-        if self._sorted is None:
-            self._sorted = sorted(self._staged)
-        ordered, staged = self._sorted, self._staged
-        for n in range(bisect_left(ordered, prefix), len(ordered)):
-            key = ordered[n]
-            if not key.startswith(prefix):
-                break
-            value = staged[key]
-            if value is None:
-                merged.pop(key, None)
-            else:
-                merged[key] = value
-        yield from sorted(merged.items())
-
-    def write_staged(self, changelog_offset: int) -> None:
-        """The staged changes' transaction committed: write them, with the changelog offset they bring the store
-        up to."""
-        changes = self._changes
-        if changes is None:
-            raise RuntimeError("no changes staged")
-        self.written.write(changes, changelog_offset)
-        self.drop_staged()
-
-    def drop_staged(self) -> None:
-        self._changes = None
-        self._staged = {}
-        self._sorted = None
-        self.get = self.written.get
-
-    def write(self, changes: Iterable[Change], changelog_offset: int) -> None:
-        if self._changes is not None:
-            raise RuntimeError("changes are staged: write_staged or drop_staged first")
-        self.written.write(changes, changelog_offset)
-
-    def changelog_offset(self) -> int:
-        return self.written.changelog_offset()
-
-    def close(self) -> None:
-        self.drop_staged()
-        self.written.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -209,87 +208,10 @@ def _last_of_each_topic(records: list) -> set[int]:
     return last
 
 
-class Completion:
-    """Where a checkpoint's transaction completes (sending the offsets, the flush, the commit: waits on the
-    broker, not work of this process) while the processor folds the next events: on a thread of its own
-    (confluent-kafka releases the interpreter lock while librdkafka waits). `result` waits for it and returns
-    what it returned, or raises what it raised."""
-
-    def __init__(self, job) -> None:
-        self._box: dict = {}
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(job,), name="checkpoint-completion", daemon=True)
-        self._thread.start()
-
-    def _run(self, job) -> None:
-        try:
-            self._box["value"] = job()
-        except BaseException as exc:  # re-raised by `result`, in the processor's thread
-            self._box["error"] = exc
-        finally:
-            self._done.set()
-
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def result(self, timeout_s: float | None = None):
-        if not self._done.wait(timeout_s):
-            raise TimeoutError("the checkpoint's completion did not finish in time")
-        if "error" in self._box:
-            raise self._box["error"]
-        return self._box.get("value")
-
-
-class DeferredCompletion:
-    """A completion that runs only when its result is asked for, in the caller's thread: the transaction
-    completes as late as it can, after every event folded meanwhile (deterministic: faults/sim.py)."""
-
-    def __init__(self, job) -> None:
-        self._job = job
-
-    def done(self) -> bool:
-        return False
-
-    def result(self, timeout_s: float | None = None):
-        job, self._job = self._job, None
-        return job()
-
-
-class ImmediateCompletion(DeferredCompletion):
-    """A completion that runs at once, in the caller's thread: the checkpoint blocks until its commit."""
-
-    def __init__(self, job) -> None:
-        self._box: dict = {}
-        try:
-            self._box["value"] = job()
-        except BaseException as exc:
-            self._box["error"] = exc
-
-    def result(self, timeout_s: float | None = None):
-        if "error" in self._box:
-            raise self._box["error"]
-        return self._box.get("value")
-
-
-@dataclass
-class Pending:
-    """A checkpoint whose records are all produced and whose tasks are sealed, its transaction completing
-    (`completion`); `settle_checkpoint` makes it a CheckpointResult."""
-    tasks: list[PartitionTask]
-    transaction: Transaction
-    completion: object
-    count: int
-    phases: dict
-    started: float
-
-    def done(self) -> bool:
-        return self.completion.done()
-
-
-def start_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], topics: dict[str, str],
-                     timeout_s: float, report_every_record: bool = False, transaction: Transaction | None = None,
-                     complete=Completion) -> Pending | CheckpointResult:
-    """Begin making the work buffered since the last checkpoint durable, exactly once, in this order:
+def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], topics: dict[str, str],
+                      timeout_s: float, report_every_record: bool = False,
+                      transaction: Transaction | None = None) -> CheckpointResult:
+    """Make the work buffered since the last checkpoint durable, exactly once, in this order:
 
     1. take every output and dead letter (encoded as they were folded, in input order), encode the ledger
        changes (with the partition's next input offset);
@@ -297,33 +219,33 @@ def start_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], t
        folded (a spoiled one is aborted instead); produce the rest of the outputs to the same partition number
        of their topics, the ticks to the same partition of `ledger-ticks`, the ledger changes to the same
        partition of `ledger-changelog`;
-    3. seal each task (PartitionTask.seal): its changes staged in its store, where the fold reads them, its
-       buffers started afresh; then, in `complete` (a thread of its own), while the next events fold:
-    4. send the input offsets of every owned partition with the consumer's group metadata (KIP-447: a zombie
+    3. send the input offsets of every owned partition with the consumer's group metadata (KIP-447: a zombie
        of an older group generation is fenced here, even for a checkpoint of ticks), then flush: any record
        that failed aborts the transaction;
-    5. commit the transaction (retried while librdkafka says the commit is retriable);
-    6. only then (`settle_checkpoint`, in the processor's thread) forget the sealed work and write each
-       partition's staged RocksDB batch with the offset of its last changelog record. A failing RocksDB write
-       after the commit raises: restore repairs the store.
-
-    Until the checkpoint settled, nothing folded since may be produced (the producer has one transaction at a
-    time), and if its transaction did not commit, the work folded since is discarded with its own: it was folded
-    on top of its changes.
+    4. commit the transaction (retried while librdkafka says the commit is retriable);
+    5. only then forget the buffers and write each partition's RocksDB batch with the offset of its last
+       changelog record. A failing RocksDB write after the commit raises: restore repairs the store.
 
     Every blocking call (flush, send offsets, commit, abort) has a hard deadline (txn_guard): librdkafka can
     block past its own timeout after a broker restart. A call stuck before the commit is a FatalProducerError
     (the next producer's epoch aborts the transaction); stuck in the commit, the outcome is unknown.
 
-    Returns the Pending checkpoint, or a CheckpointResult(committed=False) if it failed before step 3: then it
-    aborted, discarded every partition's uncommitted work and rewound the consumer; a fenced or unusable producer
-    raises ProducerFenced / FatalProducerError after discarding.
+    Before the commit is attempted, an abortable error aborts, discards every partition's uncommitted work
+    and rewinds the consumer (returns committed=False); a fenced or unusable producer raises
+    ProducerFenced / FatalProducerError after discarding. If the commit was sent and its outcome is not
+    known, CommitOutcomeUnknown is raised.
     """
-    started = time.perf_counter()
     phases: dict[str, float] = {}
-    count, changes = encode_checkpoint(tasks, topics)
     mark = time.perf_counter()
-    phases["encode"] = (mark - started) * 1000
+
+    def phase(step: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        phases[step] = (now - mark) * 1000
+        mark = now
+
+    count, changes = encode_checkpoint(tasks, topics)
+    phase("encode")
     txn = (transaction if transaction is not None and transaction.producer is producer
            else Transaction(producer, {task.partition: task for task in tasks}, topics))
     offsets = [TopicPartition(topics["branch-events"], t.partition,
@@ -334,95 +256,14 @@ def start_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], t
             raise txn.spoiled
         txn.begin()
         _produce_all(producer, tasks, changes, topics, txn.delivered, report_every_record)
-        group_metadata = consumer.consumer_group_metadata() if offsets else None
-    except KafkaException as exc:
-        _discard(tasks)
-        _abort_transaction(producer, exc, timeout_s)
-        rewind(consumer, tasks, topics)
-        return CheckpointResult(committed=False)
-    phases["produce"] = (time.perf_counter() - mark) * 1000
-    faults.crash_point("after_produce")
-    for task in tasks:
-        task.seal(changes[task.partition])
-    completion = complete(lambda: _complete(producer, txn, offsets, group_metadata, timeout_s))
-    return Pending(tasks, txn, completion, count, phases, started)
-
-
-def settle_checkpoint(pending: Pending, producer: Producer, consumer, tasks: list[PartitionTask],
-                      topics: dict[str, str], timeout_s: float) -> CheckpointResult:
-    """Wait for `pending`'s transaction to complete, then finish the checkpoint (step 6 of start_checkpoint).
-    `tasks`: every running task now, whose work since is discarded with the pending checkpoint's if its
-    transaction did not commit (the consumer rewound: returns committed=False); a fenced or unusable producer
-    raises ProducerFenced / FatalProducerError after discarding, and a commit whose outcome is not known
-    CommitOutcomeUnknown."""
-    mark = time.perf_counter()
-    phases = pending.phases
-    try:
-        phases.update(pending.completion.result())
-    except _Aborted:
-        _drop_pending(pending, tasks)
-        rewind(consumer, tasks, topics)
-        return CheckpointResult(committed=False)
-    except KafkaFailure:
-        _drop_pending(pending, tasks)
-        raise
-    except BaseException:
-        # (a crash point of a test, an interrupt): the work is neither committed nor known not to be
-        _drop_pending(pending, tasks)
-        raise
-    now = time.perf_counter()
-    phases["wait"] = (now - mark) * 1000
-    mark = now
-    txn = pending.transaction
-    events = 0
-    released: dict[tuple[str, str], int] = {}
-    for task in pending.tasks:
-        sealed = task.sealed
-        if sealed.changes and task.partition not in txn.changelog_offsets:
-            raise KafkaFailure(f"partition {task.partition}: changelog committed without delivery reports")
-        events += sealed.results
-        for key, quantity in task.forget_committed().items():
-            released[key] = released.get(key, 0) + quantity
-    for task in pending.tasks:
-        task.write_committed(txn.changelog_offsets.get(task.partition))
-    phases["store"] = (time.perf_counter() - mark) * 1000
-    return CheckpointResult(committed=True, events=events, records=pending.count, released=released,
-                            phases_ms=phases, last_offsets=txn.last_offsets)
-
-
-def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], topics: dict[str, str],
-                      timeout_s: float, report_every_record: bool = False,
-                      transaction: Transaction | None = None) -> CheckpointResult:
-    """start_checkpoint then settle_checkpoint: the whole commit sequence, returning once it committed or
-    failed."""
-    pending = start_checkpoint(producer, consumer, tasks, topics, timeout_s, report_every_record, transaction,
-                               ImmediateCompletion)
-    if isinstance(pending, CheckpointResult):
-        return pending
-    return settle_checkpoint(pending, producer, consumer, tasks, topics, timeout_s)
-
-
-def _complete(producer: Producer, txn: Transaction, offsets: list, group_metadata,
-              timeout_s: float) -> dict[str, float]:
-    """Steps 4 and 5 of start_checkpoint, where the processor's thread does not wait for them: returns how long
-    each took (ms); raises _Aborted after a clean abort, ProducerFenced, FatalProducerError or
-    CommitOutcomeUnknown."""
-    phases: dict[str, float] = {}
-    mark = time.perf_counter()
-
-    def phase(step: str) -> None:
-        nonlocal mark
-        now = time.perf_counter()
-        phases[step] = (now - mark) * 1000
-        mark = now
-
-    try:
+        phase("produce")
+        faults.crash_point("after_produce")
         # The offsets go while librdkafka still delivers the records (to the coordinators, on connections of their
         # own); a record that fails makes the transaction abort all the same, offsets included.
         faults.pause_point("before_send_offsets")
         if offsets:
-            bounded("send_offsets_to_transaction", producer.send_offsets_to_transaction, offsets, group_metadata,
-                    timeout_s, timeout_s=timeout_s)
+            bounded("send_offsets_to_transaction", producer.send_offsets_to_transaction, offsets,
+                    consumer.consumer_group_metadata(), timeout_s, timeout_s=timeout_s)
         phase("offsets")
         faults.crash_point("after_send_offsets")
         undelivered = bounded("flush", producer.flush, timeout_s, timeout_s=timeout_s)
@@ -435,14 +276,31 @@ def _complete(producer: Producer, txn: Transaction, offsets: list, group_metadat
     except TransactionCallStuck as exc:
         # Not aborted: an abort would queue behind the stuck call. The next producer's init_transactions
         # aborts the transaction (a new epoch); the stuck one can commit nothing.
+        for task in tasks:
+            task.discard()
         raise FatalProducerError(f"{exc}: nothing was committed", code=exc.code, retriable=True) from exc
     except KafkaException as exc:
-        _abort_transaction(producer, exc, timeout_s)
-        raise _Aborted() from exc
-    _commit(producer, timeout_s)
+        _abort(producer, consumer, tasks, topics, exc, timeout_s)
+        return CheckpointResult(committed=False)
+    try:
+        _commit(producer, consumer, tasks, topics, timeout_s)
+    except _Aborted:
+        return CheckpointResult(committed=False)
     phase("commit")
     faults.crash_point("after_commit")
-    return phases
+    events = sum(task.results for task in tasks)
+    released: dict[tuple[str, str], int] = {}
+    for task in tasks:
+        task_changes = changes[task.partition]
+        if task_changes and task.partition not in txn.changelog_offsets:
+            raise KafkaFailure(f"partition {task.partition}: changelog committed without delivery reports")
+        for key, quantity in task.forget_committed().items():
+            released[key] = released.get(key, 0) + quantity
+    for task in tasks:
+        task.write_committed(changes[task.partition], txn.changelog_offsets.get(task.partition))
+    phase("store")
+    return CheckpointResult(committed=True, events=events, records=count, released=released,
+                            phases_ms=phases, last_offsets=txn.last_offsets)
 
 
 def _produce(producer: Producer, topic: str, partition: int, key: bytes | None, value: bytes | None,
@@ -458,9 +316,10 @@ def _produce(producer: Producer, topic: str, partition: int, key: bytes | None, 
             producer.poll(0.05)  # the local queue is full: let deliveries drain
 
 
-def _commit(producer: Producer, timeout_s: float) -> None:
-    """Commit, retrying what librdkafka calls retriable. An error that requires an abort is aborted (raises
-    _Aborted); if the abort fails too, or the error is anything else, the outcome is unknown."""
+def _commit(producer: Producer, consumer, tasks: list[PartitionTask], topics: dict[str, str],
+            timeout_s: float) -> None:
+    """Commit, retrying what librdkafka calls retriable. An error that requires an abort is aborted; if the
+    abort fails too, or the error is anything else, the outcome is unknown."""
     for attempt in range(COMMIT_RETRIES):
         try:
             bounded("commit_transaction", producer.commit_transaction, timeout_s, timeout_s=timeout_s)
@@ -479,31 +338,22 @@ def _commit(producer: Producer, timeout_s: float) -> None:
                     raise CommitOutcomeUnknown(f"commit failed ({err.str()}) and so did the abort "
                                                f"({abort_exc}): the transaction may have committed") from exc
                 log.warning("commit_transaction failed and was aborted: %s", err.str())
+                for task in tasks:
+                    task.discard()
+                rewind(consumer, tasks, topics)
                 raise _Aborted() from exc
             raise CommitOutcomeUnknown(f"commit_transaction failed: {exc}") from exc
 
 
 class _Aborted(Exception):
-    """Internal: the transaction failed before it committed and was aborted cleanly."""
+    """Internal: the commit failed and was aborted cleanly."""
 
 
-def _discard(tasks: list[PartitionTask]) -> None:
+def _abort(producer: Producer, consumer, tasks: list[PartitionTask], topics: dict[str, str],
+           exc: KafkaException, timeout_s: float) -> None:
+    err = _kafka_error(exc)
     for task in tasks:
         task.discard()
-
-
-def _drop_pending(pending: Pending, tasks: list[PartitionTask]) -> None:
-    """The pending checkpoint did not commit: its sealed work and everything folded since are discarded."""
-    for task in pending.tasks:
-        task.drop_sealed()
-        task.discard()
-    _discard(tasks)
-
-
-def _abort_transaction(producer: Producer, exc: KafkaException, timeout_s: float) -> None:
-    """The transaction cannot commit (`exc`): abort it. Raises ProducerFenced or FatalProducerError where the
-    producer cannot go on (nothing was committed)."""
-    err = _kafka_error(exc)
     if err is not None and err.code() in FENCED_CODES:
         raise ProducerFenced(f"transactional producer fenced: {err.str()} ({err.name()})", code=err.name(),
                              fatal=True) from exc
@@ -527,6 +377,7 @@ def _abort_transaction(producer: Producer, exc: KafkaException, timeout_s: float
         if abort_err is not None and abort_err.fatal():
             raise FatalProducerError(f"abort failed: {abort_err.str()}", code=abort_err.name(), fatal=True) from exc
         log.warning("abort_transaction: %s", abort_exc)
+    rewind(consumer, tasks, topics)
 
 
 def rewind(consumer, tasks: list[PartitionTask], topics: dict[str, str]) -> None:

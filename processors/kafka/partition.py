@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from branch_settlement.processors.ledger.fold import Fold
 from branch_settlement.processors.ledger.outputs import DEAD_LETTER_TOPIC, Outputs, output_encoder
 from branch_settlement.projections import keys, model
-from branch_settlement.projections.store import RocksStore, StagedStore
+from branch_settlement.projections.store import RocksStore
 from branch_settlement.projections.view import LedgerView
 from branch_settlement.schemas import native
 from branch_settlement.schemas.codec import Codec
@@ -55,24 +54,13 @@ def stored_partitions(state_dir: str, group_id: str) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
-@dataclass(frozen=True)
-class Sealed:
-    """What a checkpoint took from a task (PartitionTask.seal) and needs once its transaction committed."""
-    records: list  # the outputs and ticks it produced (the ledger gauges count its audit records)
-    changes: list  # the ledger changes, encoded, staged in the store
-    released: dict
-    position: int | None  # the next input offset it commits
-    results: int  # events folded
-
-
 class PartitionTask:
     def __init__(self, partition: int, store: RocksStore, codec: Codec, committed_position: int,
                  partitions: int) -> None:
         self.partition = partition
-        # The checkpoint completing in the background stages its changes here until its transaction committed.
-        self.store = store if isinstance(store, StagedStore) else StagedStore(store)
+        self.store = store
         self.codec = codec
-        self.view = LedgerView(self.store, codec.encode, codec.decode)
+        self.view = LedgerView(store, codec.encode, codec.decode)
         # A fold of one partition of the input topic: misrouted events and Ticks among the input change nothing.
         self.fold = Fold(self.view, partition, partitions)
         self.out = Outputs()  # what the event being folded produces; encoded into `records` right after
@@ -94,8 +82,6 @@ class PartitionTask:
         # Set by a checkpoint that failed because one of this partition's records was too large to produce.
         self.too_large: str | None = None
         self.last_tick_ms = 0
-        # The work of the checkpoint whose transaction is completing (`seal`), until it committed or failed.
-        self.sealed: Sealed | None = None
         # For the metrics, from the committed ledger: per parent that lent and is not closed, what its open loans
         # hold (`lent` per dimension), how many are open and how many of those were asked back; and how many
         # loans committed checkpoints asked back since the last `take_revocations_asked`.
@@ -158,52 +144,33 @@ class PartitionTask:
         self.dead_letters += 1
 
     def discard(self) -> None:
-        """Forget everything not committed (after an abort): the projection is as committed, or as the checkpoint
-        completing leaves it (its changes stay staged, until it committed or `drop_sealed`)."""
+        """Forget everything since the last commit (after an abort): the projection is as committed."""
         self.view.discard()
         self._clear()
 
     def _clear(self) -> None:
         self.out.clear()
-        self.records = []
+        self.records.clear()
         self.produced = 0
         self.results = self.dead_letters = 0
         self.released = {}
         self.position = None
 
-    def seal(self, changes: list) -> None:
-        """The checkpoint produced everything this task buffered (`records`, and `changes`, the view's changes
-        encoded) into its transaction, which now completes while the next events fold: keep what committing it
-        will need (`sealed`), stage the changes in the store, where the fold reads them, and start the next
-        checkpoint's buffers."""
-        if self.sealed is not None:
-            raise RuntimeError(f"partition {self.partition}: a checkpoint is completing already")
-        self.sealed = Sealed(self.records, changes, self.released, self.position, self.results)
-        self.store.stage(changes)
-        self.view.mark_committed()
-        self._clear()
-
-    def drop_sealed(self) -> None:
-        """The sealed checkpoint did not commit: its changes are forgotten (then `discard`, as for the rest)."""
-        self.sealed = None
-        self.store.drop_staged()
-
     def forget_committed(self) -> dict[tuple[str, str], int]:
-        """The sealed checkpoint's transaction committed: its records are durable in Kafka and its input position
-        is the committed one. Returns the quantities it released, by dimension and destination."""
-        sealed = self.sealed
-        if sealed.position is not None:
-            self.committed_position = sealed.position
-        return sealed.released
+        """The transaction committed: the buffers are durable in Kafka, so nothing here may be committed
+        again, whatever happens next. Returns the quantities it released, by dimension and destination."""
+        self.view.mark_committed()
+        if self.position is not None:
+            self.committed_position = self.position
+        released = self.released
+        self._clear()
+        return released
 
-    def write_committed(self, changelog_offset: int | None) -> None:
-        """Then its projection batch, with the changelog offset it brings the store up to."""
-        sealed, self.sealed = self.sealed, None
-        if sealed.changes:
-            self._update_capacity(sealed.changes)
-            self.store.write_staged(changelog_offset)
-        else:
-            self.store.drop_staged()
+    def write_committed(self, changes: list, changelog_offset: int | None) -> None:
+        """Then the projection batch, with the changelog offset it brings the store up to."""
+        if changes:
+            self._update_capacity(changes)
+            self.store.write(changes, changelog_offset)
 
     def close(self) -> None:
         self.store.close()
@@ -260,8 +227,8 @@ class PartitionTask:
             if not key.startswith(prefix):
                 continue
             old = self._parent_terms.pop(key, None)
-            if old is None:  # new, or closed: its stored record (not the staged change)
-                stored = self.store.written.get(key)
+            if old is None:  # new, or closed
+                stored = self.store.get(key)
                 if stored is not None:
                     old = model.balance_terms(self.codec.decode(stored)[1])
             if old:

@@ -24,8 +24,7 @@ from confluent_kafka.admin import AdminClient
 from branch_settlement.processors import gc_tuning
 from branch_settlement.processors.kafka import rebalance
 from branch_settlement.processors.kafka.assignment import committed_offsets, input_partition_count, load_tasks
-from branch_settlement.processors.kafka.checkpoint import (CheckpointResult, Completion, Pending, Transaction,
-                                                          produce_folded, settle_checkpoint, start_checkpoint)
+from branch_settlement.processors.kafka.checkpoint import Transaction, commit_checkpoint, produce_folded
 from branch_settlement.processors.kafka.config import ProcessorConfig
 from branch_settlement.processors.kafka.errors import KafkaFailure, RecordTooLarge
 from branch_settlement.processors.kafka.fold_failures import dead_letter, stop_partition
@@ -79,10 +78,6 @@ class Processor:
         self.transaction: Transaction | None = None
         self.consumer: Consumer | None = None
         self.fence_retries = 0  # fences since the last commit (recovery.py)
-        # The checkpoint whose transaction completes while the next events fold, until it is settled; and where
-        # such a completion runs (checkpoint.Completion: a thread; the simulation runs it in the loop's).
-        self.pending: Pending | None = None
-        self.completion = Completion
         # After a checkpoint that did not commit, the next asks for a delivery report per record (checkpoint.py).
         self.report_every_record = False
         self.failed = False
@@ -166,13 +161,11 @@ class Processor:
             while not should_stop():
                 self.step()
             log.info("stopping: committing the last checkpoint")
-            self.settle()
             if any(task.has_work() for task in self.tasks.values()):
-                self.checkpoint(wait=True)
+                self.checkpoint()
         except BaseException:
             # Whatever was not committed stays uncommitted: leaving the group must not commit it.
             self.failed = True
-            self._abandon_pending()
             raise
         finally:
             self.consumer.close()  # leaves the group (revoke commits nothing more: all committed)
@@ -194,11 +187,9 @@ class Processor:
         self._event_counters.flush()
         self.stability.poll()
         self.metrics.kafka_queue_messages.set(len(self.producer))
-        if self.pending is not None and self.pending.done():
-            self.settle()
         if self._checkpoint_due():
             self.checkpoint()
-        elif self.pending is None:
+        else:
             self._produce_folded()
 
     def _fold_batch(self, messages: list) -> None:
@@ -293,9 +284,8 @@ class Processor:
 
     def _produce_folded(self) -> None:
         """Hand what was folded to librdkafka now, into the checkpoint's transaction (checkpoint.Transaction). Not
-        after a checkpoint that did not commit: the next produces every record itself, each with a report; nor
-        while a checkpoint completes: its transaction is the producer's until it committed."""
-        if self.report_every_record or self.pending is not None:
+        after a checkpoint that did not commit: the next produces every record itself, each with a report."""
+        if self.report_every_record:
             return
         tasks = [task for task in self.tasks.values() if task.produced < len(task.records) and not task.stopped]
         if not tasks:
@@ -322,58 +312,18 @@ class Processor:
             return True
         return (time.monotonic() - self.last_checkpoint) * 1000 >= self.config.commit_interval_ms
 
-    def checkpoint(self, wait: bool = False) -> bool:
-        """Settle the checkpoint completing, if any, then start one for the running partitions' work (their ticks
-        included): its transaction completes while the next events fold (checkpoint.start_checkpoint), and the
-        loop settles it once done, or the next checkpoint first. With `wait`, settle it before returning. Returns
-        False if work was discarded, a checkpoint that did not commit (the processor recovered already,
-        recovery.py: the consumer rewound, so the rest of a consumed batch is dropped)."""
-        if not self.settle():
-            return False
-        started = time.perf_counter()
-        tasks = self._running_tasks()
+    def checkpoint(self) -> bool:
+        """Commit the running partitions' work (their ticks included) in one transaction; whether it
+        committed. A checkpoint that did not commit has recovered already (recovery.py), or raised."""
+        started = time.monotonic()
+        tasks = [task for task in self.tasks.values() if not task.stopped]
         transaction, self.transaction = self.transaction, None
-        self.events_since_checkpoint = 0
-        self.last_checkpoint = time.monotonic()
         try:
-            pending = start_checkpoint(self.producer, self.consumer, tasks, self.topics, call_timeout_s(self.config),
-                                       self.report_every_record, transaction, self.completion)
-        except KafkaFailure as exc:
-            recover(self, exc, tasks)
-            pending = None
-        if not isinstance(pending, Pending):
-            return self._checkpoint_ended(tasks, pending, started)
-        self.pending = pending
-        return self.settle() if wait else True
-
-    def settle(self) -> bool:
-        """Wait for the checkpoint completing, if any, and finish it: False if it did not commit (recovered)."""
-        pending, self.pending = self.pending, None
-        if pending is None:
-            return True
-        tasks = self._running_tasks()
-        try:
-            result = settle_checkpoint(pending, self.producer, self.consumer, tasks, self.topics,
-                                       call_timeout_s(self.config))
+            result = commit_checkpoint(self.producer, self.consumer, tasks, self.topics, call_timeout_s(self.config),
+                                       self.report_every_record, transaction)
         except KafkaFailure as exc:
             recover(self, exc, tasks)
             result = None
-        return self._checkpoint_ended(pending.tasks, result, pending.started)
-
-    def _abandon_pending(self) -> None:
-        """The loop failed with a checkpoint completing: let its transaction calls end (each is bounded) before the
-        clients close, whatever it commits (nothing more is written here: a restore repairs the store)."""
-        pending, self.pending = self.pending, None
-        if pending is not None:
-            try:
-                pending.completion.result(timeout_s=call_timeout_s(self.config))
-            except BaseException as exc:  # noqa: BLE001 (already failing: the first failure is the one told)
-                log.warning("the checkpoint completing when the processor failed: %s", exc)
-
-    def _running_tasks(self) -> list[PartitionTask]:
-        return [task for task in self.tasks.values() if not task.stopped]
-
-    def _checkpoint_ended(self, tasks: list[PartitionTask], result: CheckpointResult | None, started: float) -> bool:
         for task in tasks:
             # (a reload replaced the tasks: the failed one is closed, its successor will fail alike and be stopped)
             if task.too_large is not None and self.tasks.get(task.partition) is task:
@@ -382,9 +332,11 @@ class Processor:
                                self.consumer, self.topics["branch-events"], self.metrics,
                                remedy="Raise that setting to at least the record's size and restart.")
                 task.too_large = None
+        self.events_since_checkpoint = 0
+        self.last_checkpoint = started
         committed = bool(result and result.committed)
         self.report_every_record = not committed
-        elapsed = time.perf_counter() - started
+        elapsed = time.monotonic() - started
         record_checkpoint(self.metrics, committed, elapsed)
         if committed:
             record_commit(self.metrics, result)

@@ -28,7 +28,6 @@ def on_assign(processor: Processor, consumer: Consumer, partitions: list[TopicPa
     if consumer is not processor.consumer:
         return
     processor.lost_at = None
-    processor.settle()  # a checkpoint completing ends before the tasks change
     processor._load_partitions(consumer, partitions)
     log.info("assigned partitions %s", sorted(tp.partition for tp in partitions))
 
@@ -37,10 +36,8 @@ def on_revoke(processor: Processor, consumer: Consumer, partitions: list[TopicPa
     if consumer is not processor.consumer:
         return
     revoked = sorted(tp.partition for tp in partitions)
-    if not processor.failed:
-        processor.settle()
-        if processor._has_work():
-            processor.checkpoint(wait=True)  # commit what was folded before giving the partitions away
+    if not processor.failed and processor._has_work():
+        processor.checkpoint()  # commit what was folded before giving the partitions away
     _drop(processor, revoked, revoked)
     log.info("revoked partitions %s", revoked)
 
@@ -50,9 +47,6 @@ def on_lost(processor: Processor, consumer: Consumer, partitions: list[TopicPart
     if consumer is not processor.consumer:
         return
     processor.lost_at = time.monotonic()
-    # A checkpoint completing ends first: it committed (its offsets were sent with the generation that owned the
-    # partitions then: the broker refuses them otherwise), or it did not and everything since is discarded.
-    processor.settle()
     lost = {tp.partition for tp in partitions}
     _drop(processor, [tp.partition for tp in partitions], lost)
     processor.spoil_transaction(lost, "lost")

@@ -188,14 +188,14 @@ def _remove(gauge, *labels: str) -> None:
 
 def _stats(metrics: Metrics, task: PartitionTask) -> LedgerStats | None:
     """The task's LedgerStats, made on first sight. Its hooks follow the commit sequence (checkpoint.py):
-    forget_committed (the transaction committed; the task's sealed records are still there) counts the audit
-    records, write_committed applies the ledger changes before RocksDB is written (an old value it needs is read
-    from there: the store beneath the staged changes). A failure in the statistics never reaches the commit: they are given up for that task."""
+    forget_committed (the transaction committed; the task's records are still there) counts the audit records,
+    write_committed applies the ledger changes before RocksDB is written (an old value it needs is read from
+    there). A failure in the statistics never reaches the commit: they are given up for that task."""
     entry = metrics.partition_stats.get(task.partition)
     if entry is not None and entry[0]() is task:
         return entry[1]
     try:
-        stats = LedgerStats(task.store.written, task.codec, metrics)
+        stats = LedgerStats(task.store, task.codec, metrics)
         _hook(task, stats)
     except Exception:
         log.exception("partition %d: no ledger gauges (could not read its projection)", task.partition)
@@ -209,12 +209,12 @@ def _hook(task: PartitionTask, stats: LedgerStats) -> None:
     forget, write = task.forget_committed, task.write_committed
 
     def forget_committed():
-        stats.guarded(stats.count_audits, task.sealed.records)
+        stats.guarded(stats.count_audits, task.records)
         return forget()
 
-    def write_committed(changelog_offset):
-        stats.guarded(stats.apply, task.sealed.changes)
-        return write(changelog_offset)
+    def write_committed(changes, changelog_offset):
+        stats.guarded(stats.apply, changes)
+        return write(changes, changelog_offset)
 
     task.forget_committed = forget_committed
     task.write_committed = write_committed

@@ -11,7 +11,7 @@ import random
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from branch_settlement.processors.kafka import checkpoint, rebalance
+from branch_settlement.processors.kafka import rebalance
 from branch_settlement.processors.kafka.metrics import Metrics
 from branch_settlement.processors.kafka.processor import Processor
 from faults import sim
@@ -22,7 +22,7 @@ SEED, EVENTS, BATCH = 5, 160, 4  # BATCH per partition and consume call: below t
 
 
 class Run:
-    def __init__(self, producer_class=sim.FakeProducer, completion=checkpoint.ImmediateCompletion) -> None:
+    def __init__(self, producer_class=sim.FakeProducer) -> None:
         inputs, clock, _ = sim.partition_inputs(SEED, EVENTS)
         self.broker = sim.Broker(inputs, {})
         plan = sim.Plan(random.Random(0))
@@ -31,7 +31,6 @@ class Run:
         self.processor = p = Processor(sim.CONFIG, sim.TOPICS, sim.CODEC, Metrics())
         p._new_producer = lambda: producer_class(self.broker, plan)
         p._partition_count = lambda consumer: sim.PARTITIONS
-        p.completion = completion  # in this thread: the simulation's broker is not shared with another
         p.producer = p._new_producer()
         p.consumer = self.consumer = sim.FakeConsumer(self.broker, plan)
         p._on_assign(self.consumer, [TopicPartition("branch-events", n) for n in range(sim.PARTITIONS)])
@@ -51,7 +50,7 @@ class Run:
             self.fold(early)
             if n % every == 0:
                 assert self.processor.checkpoint()
-        assert self.processor.checkpoint(wait=True)
+        assert self.processor.checkpoint()
 
     def committed(self, partition: int | None = None) -> dict:
         outputs = sim.committed_outputs(self.broker)
@@ -76,13 +75,10 @@ def runs():
         run.close()
 
 
-@pytest.mark.parametrize("completion", [checkpoint.ImmediateCompletion, checkpoint.DeferredCompletion])
-def test_outputs_produced_as_folded_commit_exactly_what_producing_at_the_checkpoint_commits(runs, completion) -> None:
-    """Whether each checkpoint's transaction completes at once or only when the next checkpoint starts (the next
-    events folded on top of its staged changes meanwhile, their outputs produced only after it settled)."""
+def test_outputs_produced_as_folded_commit_exactly_what_producing_at_the_checkpoint_commits(runs) -> None:
     reference = runs()
     reference.to_the_end(early=False)
-    run = runs(completion=completion)
+    run = runs()
     run.fold(early=True)
     # In the open transaction, readable by nobody yet.
     pending = {topic for topic, _, _ in run.broker.open_txn["entries"]}

@@ -117,9 +117,8 @@ class Run:
             changes = task.view.changes()
             committed[n] = (list(task.records), changes, dict(task.released), task.results, task.dead_letters,
                             task.position, task.next_offset)
-            task.seal(changes)
             task.forget_committed()
-            task.write_committed(0)
+            task.write_committed(changes, 0)
         self.checkpoints.append({"events": p.events_since_checkpoint, "partitions": committed})
         p.events_since_checkpoint = 0
         return True

@@ -119,9 +119,9 @@ def committed_expiries(task: PartitionTask) -> dict[str, int]:
 
 def checkpoint(task: PartitionTask, offset: int) -> None:
     """What commit_checkpoint does to a task once its transaction committed (processors/kafka/checkpoint.py)."""
-    task.seal(task.view.changes())
+    changes = task.view.changes()
     task.forget_committed()
-    task.write_committed(offset)
+    task.write_committed(changes, offset)
 
 
 SEEDS = range(12)
