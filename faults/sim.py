@@ -515,8 +515,11 @@ def run_seed(seed: int, events: int = 60, streams: int = 20) -> dict:
     plan.rates = {fault: rng.choice((0.0, 0.0, 0.02, 0.08)) for fault in BROKER_FAULTS}
     plan.rates.update(redeliver=rng.choice((0.0, 0.1)), crash_between_folds=rng.choice((0.0, 0.0, 0.01)),
                       delete_projection=rng.choice((0.0, 0.2)))
-    broker, stores, incarnations = simulate(inputs, clock, plan, checkpoint_rate=rng.choice((0.05, 0.3, 1.0)))
     where = f"seed {seed} (reproduce: python -m faults.sim --seed {seed})"
+    try:
+        broker, stores, incarnations = simulate(inputs, clock, plan, checkpoint_rate=rng.choice((0.05, 0.3, 1.0)))
+    except AssertionError as exc:  # a check of the simulation's own (a tick missed, no progress)
+        raise AssertionError(f"{where}: {exc}; faults {dict(plan.injected)}") from exc
     outputs = committed_outputs(broker)
     if set(outputs) - set(ref.outputs):
         raise AssertionError(f"{where}: committed record types the fault-free run has not: "
