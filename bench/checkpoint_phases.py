@@ -7,7 +7,9 @@ bench/run.py's throughput measurement, then its DEBUG log read back. Not a test:
 Each committed checkpoint logs its steps (processors/kafka/checkpoint.py): encode (the ledger changes),
 produce (begin + handing every record to librdkafka), flush (waiting for the broker's acks), offsets
 (send_offsets_to_transaction), commit (commit_transaction), store (the RocksDB batches). Prints the run's
-rate, each step's total and its share of the run's wall time, and the CPU the process used. Needs the broker;
+rate, each step's total and its share of the run's wall time, the CPU the process used, how much of the run its
+main thread was on a CPU and how much of the machine's CPU time was idle (which tells a main thread waiting for
+the broker's round trips from one waiting for a core). Needs the broker;
 topics `bench.<run id>.phases.*` are deleted at the end.
 """
 
@@ -68,6 +70,9 @@ def main() -> int:
     print(f"{run.throughput.records:,} input records in {wall_s:.2f} s: {run.throughput.records / wall_s:,.0f}/s; "
           f"{checkpoints} checkpoints, {events / max(checkpoints, 1):,.0f} events each; "
           f"CPU {run.cpu_us_per_record or 0:.1f} µs per input record (every thread)")
+    if run.main_thread_busy is not None and run.machine_idle is not None:
+        print(f"the processor's main thread on a CPU {run.main_thread_busy:.0%} of the run; the machine's cores idle "
+              f"{run.machine_idle:.0%} of theirs")
     print(f"{'step':<18}{'total ms':>10}{'share of the run':>18}{'ms per checkpoint':>20}{'longest ms':>12}")
     for step, ms in totals.items():
         print(f"{step:<18}{ms:>10.0f}{ms / 10 / wall_s:>17.1f}%{ms / max(checkpoints, 1):>20.1f}"

@@ -30,9 +30,12 @@ class Run:
     progress: list[tuple[float, int]] = field(default_factory=list)  # (monotonic time, offsets committed)
     checkpoints: list[dict] = field(default_factory=list)  # per process, from its log
     cpu_us_per_record: float | None = None  # every process of the run, release to last commit (cpu.py)
+    main_thread_busy: float | None = None  # share of the run the processes' main threads were on a CPU (cpu.py)
+    machine_idle: float | None = None  # share of every core's time idle during the run
 
     def as_dict(self) -> dict:
         return {**self.throughput.as_dict(), "cpu_us_per_record": self.cpu_us_per_record,
+                "main_thread_busy": self.main_thread_busy, "machine_idle": self.machine_idle,
                 "processes": len(self.peak_rss_mb), "peak_rss_mb": self.peak_rss_mb, "checkpoints": self.checkpoints}
 
     def progress_at(self, t: float) -> int:
@@ -69,7 +72,8 @@ def run_processors(env: Env, procs: Procs, topic_set: TopicSet, records: list[Re
                 procs.stop(child)
     rate = poller.throughput(released)
     run = Run(label, rate, load.per_partition, [c.peak_rss_mb for c in children], group, state_dir, poller.samples,
-              [c.checkpoints() for c in children], sampler.us_per_record(poller.samples, rate.seconds, len(records)))
+              [c.checkpoints() for c in children], sampler.us_per_record(poller.samples, rate.seconds, len(records)),
+              *sampler.shares(poller.samples, rate.seconds))
     return run, children
 
 
@@ -123,4 +127,5 @@ def run_ceiling(env: Env, procs: Procs, source: TopicSet, source_run: Run, targe
     rate = poller.throughput(released)
     return Run(label, rate, load.per_partition, [child.peak_rss_mb], env.group(label),
                checkpoints=[child.checkpoints()],
-               cpu_us_per_record=sampler.us_per_record(poller.samples, rate.seconds, len(records))), counts
+               cpu_us_per_record=sampler.us_per_record(poller.samples, rate.seconds, len(records)),
+               **dict(zip(("main_thread_busy", "machine_idle"), sampler.shares(poller.samples, rate.seconds)))), counts
