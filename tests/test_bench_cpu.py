@@ -30,12 +30,13 @@ def test_shares_over_the_run_that_progress_ended() -> None:
 def test_the_sampler_reads_this_process_and_the_machine() -> None:
     sampler = CpuSampler([SimpleNamespace(pid=os.getpid())])
     sampler.start()
-    deadline = time.monotonic() + 0.3
-    while time.monotonic() < deadline:  # the main thread on a CPU meanwhile
-        sum(range(1000))
+    deadline = time.monotonic() + 10
+    while len(sampler.machine) < 10 and time.monotonic() < deadline:  # 200 ms of samples at least
+        sum(range(20_000))  # this (main) thread on a CPU meanwhile
+        time.sleep(0)  # the sampler's thread needs the interpreter lock too
     sampler.stop()
-    assert len(sampler.main) >= 3 and len(sampler.machine) >= 3
-    assert sampler.main[-1][1] >= sampler.main[0][1] > 0
+    assert len(sampler.main) >= 10 and len(sampler.machine) >= 10
+    assert sampler.main[-1][1] > sampler.main[0][1] > 0
     busy, idle = sampler.shares([(sampler.main[-1][0], 1)], sampler.main[-1][0] - sampler.main[0][0])
     assert busy is not None and busy > 0
     assert idle is not None and 0.0 <= idle <= 1.0
