@@ -25,6 +25,12 @@ def _machine_jiffies() -> tuple[int, int]:
     return fields[3] + fields[4], sum(fields)
 
 
+def _last_at(samples: list[tuple], t: float) -> tuple | None:
+    """The last of `samples` (in time order, each starting with its monotonic time) taken at or before `t`."""
+    before = [sample for sample in samples if sample[0] <= t]
+    return before[-1] if before else None
+
+
 class CpuSampler(threading.Thread):
     """CPU seconds (user + system, every thread) of `children` (objects with a `pid`), summed, every 20 ms; with
     them the main threads' CPU seconds (summed) and the machine's idle and total clock ticks."""
@@ -55,13 +61,8 @@ class CpuSampler(threading.Thread):
             return None, None
         end = progress[-1][0]
         start = end - seconds
-
-        def at(samples: list, t: float):
-            before = [s for s in samples if s[0] <= t]
-            return before[-1] if before else samples[0]
-
-        (t0, main0), (t1, main1) = at(self.main, start), at(self.main, end)
-        (_, idle0, total0), (_, idle1, total1) = at(self.machine, start), at(self.machine, end)
+        (t0, main0), (t1, main1) = (_last_at(self.main, t) or self.main[0] for t in (start, end))
+        (_, idle0, total0), (_, idle1, total1) = (_last_at(self.machine, t) or self.machine[0] for t in (start, end))
         busy = (main1 - main0) / (t1 - t0) / max(len(self.children), 1) if t1 > t0 else None
         idle = (idle1 - idle0) / (total1 - total0) if total1 > total0 else None
         return (None if busy is None else round(busy, 3)), (None if idle is None else round(idle, 3))
@@ -73,8 +74,8 @@ class CpuSampler(threading.Thread):
     def between(self, start: float, end: float) -> float:
         """CPU seconds spent between two monotonic times (the samples at or before each)."""
         def at(t: float) -> float:
-            before = [cpu for ts, cpu in self.samples if ts <= t]
-            return before[-1] if before else 0.0
+            sample = _last_at(self.samples, t)
+            return sample[1] if sample else 0.0
         return at(end) - at(start)
 
     def us_per_record(self, progress: list[tuple[float, int]], seconds: float, records: int) -> float | None:

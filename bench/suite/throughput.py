@@ -71,9 +71,10 @@ def run_processors(env: Env, procs: Procs, topic_set: TopicSet, records: list[Re
             for child in children:
                 procs.stop(child)
     rate = poller.throughput(released)
+    busy, idle = sampler.shares(poller.samples, rate.seconds)
     run = Run(label, rate, load.per_partition, [c.peak_rss_mb for c in children], group, state_dir, poller.samples,
               [c.checkpoints() for c in children], sampler.us_per_record(poller.samples, rate.seconds, len(records)),
-              *sampler.shares(poller.samples, rate.seconds))
+              main_thread_busy=busy, machine_idle=idle)
     return run, children
 
 
@@ -125,7 +126,8 @@ def run_ceiling(env: Env, procs: Procs, source: TopicSet, source_run: Run, targe
     finally:
         procs.stop(child)
     rate = poller.throughput(released)
+    busy, idle = sampler.shares(poller.samples, rate.seconds)
     return Run(label, rate, load.per_partition, [child.peak_rss_mb], env.group(label),
                checkpoints=[child.checkpoints()],
                cpu_us_per_record=sampler.us_per_record(poller.samples, rate.seconds, len(records)),
-               **dict(zip(("main_thread_busy", "machine_idle"), sampler.shares(poller.samples, rate.seconds)))), counts
+               main_thread_busy=busy, machine_idle=idle), counts
