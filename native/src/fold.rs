@@ -1,9 +1,10 @@
 //! The fold's per-event path, compiled: `FoldCore.apply` does what `Fold._apply` (processors/ledger/fold.py) does
-//! for the events that make up almost every stream (ChildReserved, ChildActivated, UsageReported, ChildCompleted),
-//! over the same records (the LedgerView's dicts) and through the same view, so the state, the checkpoint and the
-//! changelog are those of the Python fold. Every other event, a Tick, an event the quick validation does not pass,
-//! an event of another partition, and the rare branches of these four handlers (a reservation that would recall
-//! loans) go to `Fold._apply` before anything has changed: the Python fold stays the reference, and the two are
+//! for the events that make up almost every stream (ChildReserved, ChildActivated, UsageReported, ChildCompleted,
+//! the outcomes with known usage, SpeculativeWinner, ParentReserved and ParentClosed), over the same records (the
+//! LedgerView's dicts) and through the same view, so the state, the checkpoint and the changelog are those of the
+//! Python fold. Every other event, a Tick, an event the quick validation does not pass, an event of another
+//! partition, and the rare branches of these handlers (a reservation that would recall loans, a close that must ask
+//! loans back) go to `Fold._apply` before anything has changed: the Python fold stays the reference, and the two are
 //! held to the same bytes by tests/ledger/test_implementations_agree.py and the whole suite, which runs compiled.
 //!
 //! Each step below names the Python function it mirrors (processors/ledger/handlers.py, accounting.py, fold.py,
@@ -57,6 +58,13 @@ const ALREADY_SETTLED: &str = "already_settled";
 const INVALID_EVENT: &str = "invalid_event";
 const DUPLICATE_USAGE_REPORT: &str = "duplicate_usage_report";
 const LIMIT_EXCEEDED: &str = "limit_exceeded";
+
+// The kinds of a dimension (model.DIMENSION_KINDS).
+const LOGICAL: &str = "logical";
+const DIMENSION_KINDS: &[&str] = &[LOGICAL, PHYSICAL];
+const TIMER_PARENT_LEASE: &str = "parent_lease";
+// What a ParentClosed may say of the workflow (validation.PARENT_OUTCOMES).
+const PARENT_OUTCOMES: &[&str] = &["cancelled", "failed", "succeeded"];
 
 // Limits (schemas/limits.py).
 const MAX_ID_BYTES: usize = 200;
@@ -114,7 +122,8 @@ const CONTRACT: &[(&str, Value)] = &[
     ("CHILD_RECORD", Value::S(CHILD_RECORD)), ("IDEMPOTENCY_RECORD", Value::S(IDEMPOTENCY_RECORD)),
     ("NEW_RECORD_BYTES", Value::I(NEW_RECORD_BYTES)), ("ENTRY_BYTES", Value::I(ENTRY_BYTES)),
     ("KEY_TIMER", Value::S(KEY_TIMER)), ("DEADLINE_DIGITS", Value::I(DEADLINE_DIGITS as i64)),
-    ("TIMER_RECORD", Value::S(TIMER_RECORD)),
+    ("TIMER_RECORD", Value::S(TIMER_RECORD)), ("PARENT_OUTCOMES", Value::S("cancelled,failed,succeeded")),
+    ("LOGICAL", Value::S(LOGICAL)), ("TIMER_PARENT_LEASE", Value::S(TIMER_PARENT_LEASE)),
 ];
 
 static HEAPPUSH: pyo3::sync::GILOnceCell<Py<PyAny>> = pyo3::sync::GILOnceCell::new();
@@ -171,7 +180,8 @@ fn slots_dict<'py>(py: Python<'py>, keys: &'static pyo3::sync::GILOnceCell<Vec<P
 
 /// The event types compiled here; every other goes to `Fold._apply`.
 const COMPILED_TYPES: &[&str] = &["ChildReserved", "ChildActivated", "UsageReported", "ChildCompleted", "ChildSkipped",
-                                   "CancelAcknowledged", "ChildFailed", "SpeculativeWinner"];
+                                   "CancelAcknowledged", "ChildFailed", "SpeculativeWinner", "ParentClosed",
+                                   "ParentReserved"];
 
 fn holding_term(state: &str) -> Option<&'static str> {
     match state {
@@ -338,6 +348,7 @@ fn id_fields<'py>(py: Python<'py>, etype: &str) -> [&'py Bound<'py, PyString>; 5
             let winner = intern!(py, "winner_attempt_id");
             [event_id, parent_id, intern!(py, "branch_id"), winner, winner]
         }
+        "ParentClosed" | "ParentReserved" => [event_id, parent_id, parent_id, parent_id, parent_id],
         _ => [event_id, parent_id, child_id, intern!(py, "attempt_id"), intern!(py, "attempt_id")],
     }
 }
@@ -395,6 +406,14 @@ fn plainly_valid(event: &Bound<'_, PyDict>, etype: &str) -> PyResult<bool> {
             None => Ok(false),
         };
     }
+    if etype == "ParentReserved" {
+        return parent_reservation_valid(event);
+    }
+    if etype == "ParentClosed" {
+        return Ok(matches!(event.get_item(intern!(py, "outcome"))?,
+                           Some(outcome) if outcome.is_exact_instance_of::<PyString>()
+                                            && PARENT_OUTCOMES.contains(&outcome.downcast::<PyString>()?.to_str()?)));
+    }
     if etype == "ChildSkipped" {
         // its note is its reason; it names no usage (handlers.child_skipped checks no dimensions)
         return Ok(event.get_item(intern!(py, "usage"))?.is_none()
@@ -402,6 +421,56 @@ fn plainly_valid(event: &Bound<'_, PyDict>, etype: &str) -> PyResult<bool> {
     }
     if etype == "CancelAcknowledged" || etype == "ChildFailed" {
         return known_outcome(event, etype);
+    }
+    Ok(true)
+}
+
+/// A plain quantity: an int from 0 to MAX_QUANTITY.
+fn plain_quantity(value: &Bound<'_, PyAny>) -> bool {
+    value.is_exact_instance_of::<PyInt>() && matches!(value.extract::<i64>(), Ok(q) if (0..=MAX_QUANTITY).contains(&q))
+}
+
+/// An int within `range`.
+fn int_within(value: Option<Bound<'_, PyAny>>, range: std::ops::RangeInclusive<i64>) -> bool {
+    matches!(value, Some(v) if v.is_exact_instance_of::<PyInt>()
+                               && matches!(v.extract::<i64>(), Ok(n) if range.contains(&n)))
+}
+
+/// validation._validate_parent_reserved finds nothing, every name of a dimension a plain id (its ids, key and lease
+/// were checked by plainly_valid).
+fn parent_reservation_valid(event: &Bound<'_, PyDict>) -> PyResult<bool> {
+    let py = event.py();
+    let Some(capacity) = event.get_item(intern!(py, "capacity"))? else { return Ok(false) };
+    let Ok(capacity) = capacity.downcast_exact::<PyDict>() else { return Ok(false) };
+    if capacity.is_empty() || capacity.len() > MAX_DIMENSIONS {
+        return Ok(false);
+    }
+    for (dim, spec) in capacity.iter() {
+        let Ok(spec) = spec.downcast_exact::<PyDict>() else { return Ok(false) };
+        let kind_known = matches!(spec.get_item(intern!(py, "kind"))?,
+                                  Some(kind) if kind.is_exact_instance_of::<PyString>()
+                                                && DIMENSION_KINDS.contains(&kind.downcast::<PyString>()?.to_str()?));
+        if !plain_id(&dim, MAX_ID_BYTES) || !kind_known
+            || !matches!(spec.get_item(intern!(py, "quantity"))?, Some(q) if plain_quantity(&q)) {
+            return Ok(false);
+        }
+    }
+    let Some(policy) = event.get_item(intern!(py, "policy"))? else { return Ok(false) };
+    let Ok(policy) = policy.downcast_exact::<PyDict>() else { return Ok(false) };
+    if !int_within(policy.get_item(intern!(py, "max_live_children"))?, 1..=MAX_CHILDREN_PER_PARENT as i64)
+        || !int_within(policy.get_item(intern!(py, "reconciliation_timeout_ms"))?, 1..=MAX_TTL_MS)
+        || !int_within(event.get_item(intern!(py, "lease_ttl_ms"))?, 1..=MAX_TTL_MS) {
+        return Ok(false);
+    }
+    let Some(lending) = policy.get_item(intern!(py, "lending_limit"))? else { return Ok(false) };
+    let Ok(lending) = lending.downcast_exact::<PyDict>() else { return Ok(false) };
+    if lending.len() > MAX_DIMENSIONS {
+        return Ok(false);
+    }
+    for (dim, quantity) in lending.iter() {
+        if !plain_id(&dim, MAX_ID_BYTES) || !plain_quantity(&quantity) {
+            return Ok(false);
+        }
     }
     Ok(true)
 }
@@ -605,18 +674,21 @@ impl<'py> Ctx<'py> {
     }
 
     /// context.EventContext.release
-    fn release(&self, parent: &Bound<'py, PyDict>, child: &Bound<'py, PyDict>, dimension: &Bound<'py, PyAny>,
+    fn release(&self, parent: &Bound<'py, PyDict>, child: Option<&Bound<'py, PyDict>>, dimension: &Bound<'py, PyAny>,
                quantity: i64, destination: &str, reason: &str) -> PyResult<()> {
         let py = self.py;
         let parent_id = item(parent, intern!(py, "parent_id"))?;
-        let child_id = item(child, intern!(py, "child_id"))?;
+        let (child_id, attempt_id) = match child {
+            Some(child) => (item(child, intern!(py, "child_id"))?, item(child, intern!(py, "attempt_id"))?),
+            None => (intern!(py, "").clone().into_any(), intern!(py, "").clone().into_any()),
+        };
         let key = release_key(&parent_id, &self.key, &child_id, dimension, destination)?;
         let balance = sub_dict(&sub_dict(parent, intern!(py, "dimensions"))?, dimension.downcast()?)?;
         let record = presized(py, 14)?;
         record.set_item(intern!(py, "release_key"), key)?;
         record.set_item(intern!(py, "parent_id"), &parent_id)?;
         record.set_item(intern!(py, "child_id"), &child_id)?;
-        record.set_item(intern!(py, "attempt_id"), item(child, intern!(py, "attempt_id"))?)?;
+        record.set_item(intern!(py, "attempt_id"), attempt_id)?;
         record.set_item(intern!(py, "dimension"), dimension)?;
         record.set_item(intern!(py, "quantity"), quantity)?;
         record.set_item(intern!(py, "destination"), destination)?;
@@ -1017,7 +1089,7 @@ fn release_remainder<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, child
         }
         let (where_to, target) = destination(parent)?;
         add(&balance, term_name(py, target), quantity)?;
-        ctx.release(parent, child, &dim, quantity, where_to, reason)?;
+        ctx.release(parent, Some(child), &dim, quantity, where_to, reason)?;
     }
     ctx.touch(parent, Some(child))?;
     Ok(returned)
@@ -1603,6 +1675,98 @@ fn child_failed<'py>(ctx: &mut Ctx<'py>, core: &Env) -> Step<()> {
     settle_outcome(ctx, &parent, &child, "failed", &reason)
 }
 
+// -- handlers.py: parents --------------------------------------------------------------------------------------
+
+/// handlers.parent_reserved; the parent itself made by model.new_parent.
+fn parent_reserved<'py>(ctx: &mut Ctx<'py>, core: &Env) -> Step<()> {
+    let py = ctx.py;
+    let parent_id = ctx.field(intern!(py, "parent_id"))?;
+    if let Some(existing) = ctx.parent(&parent_id)? {
+        if text(&item(&existing, intern!(py, "status"))?)? == PARENT_CLOSED {
+            let detail = core.closed_detail.bind(py).call1((&existing,))?;
+            return reject(PARENT_CLOSED_CODE, text(&detail)?);
+        }
+        return reject(INVALID_TRANSITION, format!("parent {} is already reserved", repr(&parent_id)?));
+    }
+    let capacity = ctx.field(intern!(py, "capacity"))?;
+    let policy = ctx.field(intern!(py, "policy"))?.downcast_into::<PyDict>().map_err(PyErr::from)?;
+    let dimensions = PyDict::new(py);
+    dimensions.set_item(intern!(py, "dimensions"), &capacity)?;
+    check_dimensions(&dimensions, Some(&item(&policy, intern!(py, "lending_limit"))?), "lending_limit")?;
+    let lease_expires_at_ms = ctx.now_ms + int(&ctx.event, intern!(py, "lease_ttl_ms"))?;
+    let parent = core.new_parent.bind(py).call1((&parent_id, &capacity, lease_expires_at_ms, &policy))?;
+    let parent = parent.downcast_into::<PyDict>().map_err(PyErr::from)?;
+    ctx.add_timer(lease_expires_at_ms, TIMER_PARENT_LEASE, &parent_id, None)?;
+    ctx.audit(&parent_id, None, "", PARENT_OPEN, "parent reserved", None, None)?;
+    ctx.touch(&parent, None)?;
+    Ok(())
+}
+
+/// handlers.parent_closed. A parent with a loan to ask back (accounting.ask_loan_back, a revocation) goes to the
+/// Python fold, and so does one that names a child the ledger has not: both before anything changed.
+fn parent_closed<'py>(ctx: &mut Ctx<'py>, core: &Env) -> Step<()> {
+    let py = ctx.py;
+    let parent = find_parent(ctx, core, false)?;
+    let parent_id = item(&parent, intern!(py, "parent_id"))?;
+    let prior = item(&parent, intern!(py, "status"))?.downcast_into::<PyString>().map_err(PyErr::from)?;
+    let prior = prior.to_str()?.to_owned();
+    if prior == PARENT_CLOSING {
+        return reject(INVALID_TRANSITION, format!("parent {} is already closing", repr(&parent_id)?));
+    }
+    // the children fence_parent goes through, each read once, in the parent's order
+    let mut children = Vec::new();
+    if prior == PARENT_OPEN {
+        for loan in item(&parent, intern!(py, "loans"))?.try_iter()? {
+            let loan = loan?.downcast_into::<PyDict>().map_err(PyErr::from)?;
+            if text(&item(&loan, intern!(py, "state"))?)? == LOAN_OPEN
+                && !item(&loan, intern!(py, "revocation_requested"))?.is_truthy()? {
+                return Err(Fail::Delegate);
+            }
+        }
+        for child_id in item(&parent, intern!(py, "children"))?.try_iter()? {
+            let Some(child) = ctx.child(&parent_id, &child_id?)? else { return Err(Fail::Delegate) };
+            children.push(child);
+        }
+    }
+    let outcome = ctx.field(intern!(py, "outcome"))?;
+    parent.set_item(intern!(py, "outcome"), &outcome)?;
+    let outcome = text(&outcome)?;
+    if prior == PARENT_OPEN {
+        parent.set_item(intern!(py, "status"), state_name(py, PARENT_CLOSING))?;
+        ctx.audit(&parent_id, None, &prior, PARENT_CLOSING, &format!("parent closed: {outcome}"), None, None)?;
+        fence_parent(ctx, &parent, &children, "parent_closed")?;
+    } else {
+        ctx.audit(&parent_id, None, &prior, &prior, &format!("close recorded on expired parent: {outcome}"), None,
+                  None)?;
+    }
+    ctx.touch(&parent, None)?;
+    finish_parent_if_done(ctx, &parent)?;
+    Ok(())
+}
+
+/// accounting.fence_parent, for a parent with no loan to ask back, over its `children` (all of them, in order)
+fn fence_parent<'py>(ctx: &mut Ctx<'py>, parent: &Bound<'py, PyDict>, children: &[Bound<'py, PyDict>],
+                     reason: &str) -> PyResult<()> {
+    let py = ctx.py;
+    for (dim, balance) in sub_dict(parent, intern!(py, "dimensions"))?.iter() {
+        let balance = balance.downcast_into::<PyDict>()?;
+        let quantity = int(&balance, intern!(py, "available"))?;
+        if quantity != 0 {
+            balance.set_item(intern!(py, "available"), 0)?;
+            add(&balance, intern!(py, "returned_to_pool"), quantity)?;
+            ctx.release(parent, None, &dim, quantity, DESTINATION_POOL, reason)?;
+        }
+    }
+    for child in children {
+        let state = state_of(child)?;
+        if is_live(state.to_str()?) && !item(child, intern!(py, "activated"))?.is_truthy()? {
+            release_remainder(ctx, parent, child, reason)?;
+            set_state(ctx, parent, child, RELEASED, &format!("{reason}: never activated, dispatch fenced"))?;
+        }
+    }
+    ctx.touch(parent, None)
+}
+
 // -- fold.py ------------------------------------------------------------------------------------------------------
 
 /// What fold.py hands the core once: the Python functions it calls on the rare paths.
@@ -1613,6 +1777,7 @@ struct Env {
     closed_detail: Py<PyAny>,
     raise_violation: Py<PyAny>,
     event_context: Py<PyAny>,
+    new_parent: Py<PyAny>,
 }
 
 /// The compiled per-event path of one `Fold` (processors/ledger/fold.py), which it calls back for every event it
@@ -1685,6 +1850,7 @@ impl FoldCore {
                 closed_detail: get("closed_detail")?,
                 raise_violation: get("raise_violation")?,
                 event_context: get("event_context")?,
+                new_parent: get("new_parent")?,
             },
         })
     }
@@ -1900,6 +2066,8 @@ impl FoldCore {
             "CancelAcknowledged" => cancel_acknowledged(ctx, &self.env),
             "ChildFailed" => child_failed(ctx, &self.env),
             "SpeculativeWinner" => speculative_winner(ctx, &self.env),
+            "ParentClosed" => parent_closed(ctx, &self.env),
+            "ParentReserved" => parent_reserved(ctx, &self.env),
             _ => Err(Fail::Delegate),
         };
         match handled {

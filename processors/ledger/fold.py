@@ -25,7 +25,7 @@ from functools import cache
 from branch_settlement.processors.ledger import results
 from branch_settlement.processors.ledger.context import EventContext
 from branch_settlement.processors.ledger.errors import InvariantViolation
-from branch_settlement.processors.ledger import handlers
+from branch_settlement.processors.ledger import handlers, validation
 from branch_settlement.processors.ledger.handlers import HANDLERS, Reject, fire_timer, rebase_timers
 from branch_settlement.processors.ledger.outputs import Outputs
 from branch_settlement.processors.ledger.validation import validate
@@ -177,7 +177,8 @@ def _core_env() -> dict:
     (it refuses to start where they differ from those it was written for)."""
     names = ("RESERVED", "ACTIVATED", "PARTIALLY_CONSUMED", "CANCEL_REQUESTED", "EXPIRED", "RECONCILING", "STRANDED",
              "COMMITTED", "RELEASED", "PARENT_OPEN", "PARENT_CLOSING", "PARENT_EXPIRED", "PARENT_CLOSED", "PHYSICAL",
-             "LOAN_OPEN", "DESTINATION_PARENT", "DESTINATION_POOL", "TIMER_CHILD_LEASE", "TIMER_PARENT_RETENTION")
+             "LOAN_OPEN", "DESTINATION_PARENT", "DESTINATION_POOL", "TIMER_CHILD_LEASE", "TIMER_PARENT_RETENTION",
+             "LOGICAL", "TIMER_PARENT_LEASE")
     codes = ("OK", "DUPLICATE", "IDEMPOTENCY_CONFLICT", "OVERDRAWN", "EXCEEDS_AVAILABLE", "FANOUT_EXCEEDED",
              "INVALID_TRANSITION", "DISPATCH_FENCED", "STALE_LEASE_GENERATION", "SUPERSEDED_ATTEMPT",
              "UNKNOWN_PARENT", "UNKNOWN_CHILD", "ALREADY_SETTLED", "INVALID_EVENT", "DUPLICATE_USAGE_REPORT",
@@ -191,10 +192,11 @@ def _core_env() -> dict:
                     CHILD_RECORD=ledger_view.CHILD_RECORD, IDEMPOTENCY_RECORD=ledger_view.IDEMPOTENCY_RECORD,
                     NEW_RECORD_BYTES=ledger_view._NEW_RECORD_BYTES, ENTRY_BYTES=ledger_view._ENTRY_BYTES,
                     KEY_TIMER=keys.TIMER.decode(), DEADLINE_DIGITS=keys.DEADLINE_DIGITS,
-                    TIMER_RECORD=ledger_view.TIMER_RECORD)
+                    TIMER_RECORD=ledger_view.TIMER_RECORD,
+                    PARENT_OUTCOMES=",".join(sorted(validation.PARENT_OUTCOMES)))
     return {"contract": contract, "payload_digest": payload_digest, "closed_detail": handlers._closed_detail,
             "raise_violation": _raise_violation, "event_context": EventContext,
-            "digest_writers": _digests, "decoded_size": ledger_view.decoded_size}
+            "digest_writers": _digests, "decoded_size": ledger_view.decoded_size, "new_parent": model.new_parent}
 
 
 def _change_writers(view: LedgerView) -> tuple[dict, object] | None:

@@ -385,10 +385,13 @@ def test_the_compiled_fold_takes_the_common_events_itself(compiled, python, monk
     events = [python.event_from_json(r) for r in Generator(7).generate(3000) if not isinstance(r, str)]
     fold_bytes(compiled, events)
     compiled_types = {"ChildReserved", "ChildActivated", "UsageReported", "ChildCompleted", "ChildSkipped",
-                      "CancelAcknowledged", "ChildFailed", "SpeculativeWinner"}
+                      "CancelAcknowledged", "ChildFailed", "SpeculativeWinner", "ParentReserved", "ParentClosed"}
     taken = sum(event["type"] in compiled_types for event in events) - sum(t in compiled_types for t in delegated)
     assert taken > 0.85 * len(events), (taken, len(events))
-    assert "Tick" in delegated and "ParentReserved" in delegated  # the rest goes to the Python fold
+    assert "Tick" in delegated  # the rest goes to the Python fold
+    # parents open and close in the core too: the workload's closes fence children never activated, and lend nothing
+    parents = {"ParentReserved", "ParentClosed"}
+    assert parents <= {event["type"] for event in events} and not parents & set(delegated), delegated
     # the workload's skips, cancel acknowledgements and failures (each handing its remainder to a retry) have known
     # usage, and its speculative winners name a held attempt: the core settles them all itself
     outcomes = {"ChildSkipped", "CancelAcknowledged", "ChildFailed", "SpeculativeWinner"}
@@ -559,3 +562,76 @@ def test_the_compiled_core_adds_timers_as_the_view_does(compiled, python):
                 fold.view.store.write(fold_changes, offset)
                 fold.view.mark_committed()
     assert added > 10
+
+
+def _parents_stream(python: Codec) -> list[dict]:
+    """Every branch of a parent's reservation and close: taken, duplicate, already reserved or closing, closed,
+    unknown, a lending limit naming another dimension, what only the Python fold takes (a dimension that is not
+    ASCII, an unknown kind or outcome), a close that fences children never activated (a physical remainder awaits
+    the scheduler's confirmation) and one recorded on an expired parent."""
+    now, n = 1764410400000, iter(range(1000))
+
+    def event(etype: str, parent_id: str, key: str, **fields) -> dict:
+        return python.event_from_json({"type": etype, "event_id": f"e-{next(n)}", "idempotency_key": key,
+                                       "parent_id": parent_id, "occurred_at_ms": now, **fields})
+
+    def reserve(parent_id: str, key: str, capacity: dict, lending: dict | None = None, ttl: int = 3_600_000):
+        policy = {"max_live_children": 8, "reconciliation_timeout_ms": 600_000, "lending_limit": lending or {}}
+        return event("ParentReserved", parent_id, key, capacity=capacity, lease_ttl_ms=ttl, policy=policy)
+
+    def close(parent_id: str, key: str, outcome: str = "succeeded"):
+        return event("ParentClosed", parent_id, key, outcome=outcome)
+
+    def child(etype: str, child_id: str, key: str, parent_id: str = "p1", **fields):
+        return event(etype, parent_id, key, child_id=child_id, attempt_id=f"{child_id}a", **fields)
+
+    capacity = {"tokens": {"quantity": 100, "kind": "logical"}, "gpus": {"quantity": 4, "kind": "physical"}}
+    return [
+        event("Tick", "", f"tick/{now}", now_ms=now),
+        reserve("p1", "p1/r", capacity, {"tokens": 5}),
+        reserve("p1", "p1/r", capacity, {"tokens": 5}),  # duplicate
+        reserve("p1", "p1/r2", capacity),  # already reserved
+        reserve("p2", "p2/r", capacity, {"memory": 1}),  # a lending limit of another dimension
+        reserve("p3", "p3/r", {"tökens": {"quantity": 3, "kind": "logical"}}),
+        reserve("p4", "p4/r", {"tokens": {"quantity": 3, "kind": "quantum"}}),
+        child("ChildReserved", "c1", "p1/c1/r", branch_id="c1", quantities={"tokens": 10, "gpus": 1}),
+        child("ChildReserved", "c2", "p1/c2/r", branch_id="c2", quantities={"tokens": 5}),
+        child("ChildActivated", "c2", "p1/c2/a", lease_generation=1, lease_ttl_ms=60_000),
+        close("p1", "p1/close"),
+        close("p1", "p1/close2"),  # already closing
+        close("p1", "p1/close3", "exploded"),
+        child("ChildCompleted", "c2", "p1/c2/done", lease_generation=1, usage={"tokens": 4}),
+        child("SchedulerReleaseConfirmed", "c1", "p1/c1/gpus", dimension="gpus"),
+        reserve("p1", "p1/again", capacity),  # closed
+        close("p9", "p9/close"),  # unknown
+        reserve("p5", "p5/r", capacity, ttl=1000),
+        child("ChildReserved", "c5", "p5/c5/r", "p5", branch_id="c5", quantities={"tokens": 1}),
+        child("ChildActivated", "c5", "p5/c5/a", "p5", lease_generation=1, lease_ttl_ms=60_000),
+        event("Tick", "", f"tick/{now + 5000}", now_ms=now + 5000),  # p5's lease expires, its child still runs
+        close("p5", "p5/close", "failed"),
+        child("ChildCompleted", "c5", "p5/c5/done", "p5", lease_generation=1, usage={"tokens": 1}),
+    ]
+
+
+def test_every_branch_of_a_parents_reservation_and_close_folds_alike(compiled, python, monkeypatch):
+    events = _parents_stream(python)
+    delegated = []
+    python_apply = Fold._apply
+    monkeypatch.setattr(Fold, "_apply", lambda self, event, *args: delegated.append(event["idempotency_key"]) or
+                        python_apply(self, event, *args))
+    got = fold_bytes(compiled, events, checkpoint_events=4)
+    assert sorted(delegated) == sorted(e["idempotency_key"] for e in events  # the core took the rest
+                                       if e["type"] in ("Tick", "SchedulerReleaseConfirmed")
+                                       or e["idempotency_key"] in ("p3/r", "p4/r", "p1/close3"))
+    monkeypatch.setattr(Fold, "_apply", python_apply)
+    assert got == fold_bytes(python, events, checkpoint_events=4)
+    view = open_view(MemoryStore(), python)
+    fold, out = Fold(view, implementation=native.PYTHON), Outputs()
+    codes = [fold.apply(e, offset, out)["result"] for offset, e in enumerate(events)]
+    assert codes == ["ok", "ok", "duplicate", "invalid_transition", "invalid_event", "ok", "invalid_event", "ok", "ok",
+                     "ok", "ok", "invalid_transition", "invalid_event", "ok", "ok", "parent_closed", "unknown_parent",
+                     "ok", "ok", "ok", "ok", "ok", "ok"], codes
+    settled = {record["parent_id"]: record["outcome"] for record in out.settled}
+    assert settled == {"p1": "succeeded", "p5": "failed"}, settled
+    notes = [audit["note"] for audit in out.audits if audit["parent_id"] == "p5" and not audit["child_id"]]
+    assert "close recorded on expired parent: failed" in notes, notes
