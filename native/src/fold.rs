@@ -2136,11 +2136,13 @@ impl FoldCore {
         let terms = [intern!(py, "capacity"), intern!(py, "available"), intern!(py, "outstanding"),
                      intern!(py, "pending"), intern!(py, "awaiting_confirmation"), intern!(py, "lent"),
                      intern!(py, "returned_to_pool"), intern!(py, "committed"), intern!(py, "overdrawn")];
-        for balance in sub_dict(parent, intern!(py, "dimensions"))?.values() {
+        for (_, balance) in sub_dict(parent, intern!(py, "dimensions"))?.iter() {
             let balance = balance.downcast_into::<PyDict>()?;
             let mut values = [0i64; 9];
-            for (slot, term) in values.iter_mut().zip(terms.iter()) {
-                *slot = int(&balance, term)?;
+            if !terms_by_identity(&balance, &terms, &mut values) {
+                for (slot, term) in values.iter_mut().zip(terms.iter()) {
+                    *slot = int(&balance, term)?;
+                }
             }
             let sum: i128 = values.iter().map(|v| *v as i128).sum();
             if values.iter().any(|v| *v < 0) || sum != 2 * (values[0] as i128 + values[8] as i128) {
@@ -2149,6 +2151,33 @@ impl FoldCore {
         }
         Ok(true)
     }
+}
+
+/// The nine terms of `balance` in one pass over it, where each is found under its interned name itself (as the
+/// records the fold makes and the codec decodes have them) and is an int within i64: true. False where any is not
+/// (a term under an equal string of its own, a missing one, another kind of value): then read them by name.
+fn terms_by_identity(balance: &Bound<'_, PyDict>, terms: &[&Bound<'_, PyString>; 9], values: &mut [i64; 9]) -> bool {
+    let mut seen = 0u16;
+    let mut at: pyo3::ffi::Py_ssize_t = 0;
+    let mut key: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
+    let mut value: *mut pyo3::ffi::PyObject = std::ptr::null_mut();
+    // SAFETY: PyDict_Next gives borrowed references, used before the next call; no Python code runs in this loop
+    // (only exact ints are read, with PyLong_AsLongLongAndOverflow, which calls no __index__).
+    while unsafe { pyo3::ffi::PyDict_Next(balance.as_ptr(), &mut at, &mut key, &mut value) } != 0 {
+        let Some(slot) = terms.iter().position(|term| term.as_ptr() == key) else { continue };
+        if unsafe { pyo3::ffi::PyLong_CheckExact(value) } == 0 {
+            return false;
+        }
+        let mut overflow: std::os::raw::c_int = 0;
+        let n = unsafe { pyo3::ffi::PyLong_AsLongLongAndOverflow(value, &mut overflow) };
+        if overflow != 0 || (n == -1 && unsafe { !pyo3::ffi::PyErr_Occurred().is_null() }) {
+            unsafe { pyo3::ffi::PyErr_Clear() };
+            return false;
+        }
+        values[slot] = n;
+        seen |= 1 << slot;
+    }
+    seen == 0x1FF
 }
 
 #[pyfunction]

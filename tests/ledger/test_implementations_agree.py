@@ -22,6 +22,7 @@ The compiled module must be installed here (`make install` builds it): a missing
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -635,3 +636,25 @@ def test_every_branch_of_a_parents_reservation_and_close_folds_alike(compiled, p
     assert settled == {"p1": "succeeded", "p5": "failed"}, settled
     notes = [audit["note"] for audit in out.audits if audit["parent_id"] == "p5" and not audit["child_id"]]
     assert "close recorded on expired parent: failed" in notes, notes
+
+
+@pytest.mark.parametrize("fresh_names", [False, True])
+def test_the_compiled_invariant_reads_a_balance_under_any_equal_names(compiled, python, fresh_names):
+    """The core reads a balance's terms in one pass where they sit under the names it interned (as in every record
+    the fold makes or the codec decodes), else by name: a balance whose keys are equal strings of their own is checked
+    the same, and a violation in either is found."""
+    from branch_settlement.processors.ledger.errors import InvariantViolation
+    events = _parents_stream(python)[:11]  # p1 reserved, c1 and c2 reserved, c2 activated, p1 closed
+    view = open_view(MemoryStore(), compiled)
+    fold, out = Fold(view, implementation=native.COMPILED), Outputs()
+    for offset, event in enumerate(events[:9]):
+        fold.apply(event, offset, out)
+    parent = view.parent("p1")
+    if fresh_names:
+        for dim, balance in list(parent["dimensions"].items()):
+            parent["dimensions"][dim] = {"".join(list(term)): value for term, value in balance.items()}
+        assert not any(term is sys.intern(term) for term in parent["dimensions"]["tokens"])
+    assert fold.apply(events[9], 9, out)["result"] == "ok"  # the invariant holds
+    parent["dimensions"]["tokens"][next(t for t in parent["dimensions"]["tokens"] if t == "available")] += 1
+    with pytest.raises(InvariantViolation, match="parent 'p1' dimension 'tokens'"):
+        fold.apply(events[10], 10, out)  # the close touches p1: its broken balance is found
