@@ -7,6 +7,7 @@ expired before it came."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,9 @@ def assert_exactly_once(report: dict, name: str) -> None:
     assert not report["unexpected_exits"], report["unexpected_exits"]
     assert not report["stalls"], report["stalls"]
     failed = {k: v for k, v in report["invariants"].items() if not v["ok"]}
-    assert not failed, failed
+    # In full: pytest shortens a dict in an assertion message, and the figures that say why are at its end.
+    assert not failed, json.dumps({"failed": failed, "notes": report.get("notes"), "faults": report.get("faults")},
+                                  indent=1, default=str)
     assert set(EVERY_SCENARIO) <= set(report["invariants"])
     for counter in ("duplicates", "missing", "mismatches", "open_transactions"):
         assert report[counter] == 0, (counter, report)
