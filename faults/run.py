@@ -91,18 +91,23 @@ def run_scenario(name: str, seed: int, size: Size, outages_s: tuple, work: Path,
             report = run_in_namespace(work / name, seed, size.events, size.partitions, outages_s, stall_s)
         elif name == "broker_bounce":
             broker = OwnBroker(work / name / "kafka")
-            run = None
+            run, failed = None, True
             try:
                 broker.up()
                 run = Run(name, seed, size, broker.bootstrap, work / name / "run", stall_s=stall_s).setup()
                 report = broker_bounce(run, broker, hard_bounces)
+                failed = not report.get("ok")
                 report["where"] = f"own cluster: controller and broker, the broker on 127.0.0.1:{broker.port}"
             finally:
                 if run is not None:
+                    if failed:  # the topics and the broker's data are the evidence: kept (kafka-dump-log reads them)
+                        run.topics = None
                     run.cleanup()
                 broker.ensure_stopped()
                 keep_broker_log(broker, work / name / "run")
-                if not os.environ.get("FAULTS_KEEP_BROKER_DATA"):
+                if failed:
+                    print(f"faults: {name} failed: the broker's data is kept in {work / name / 'kafka'}", flush=True)
+                elif not os.environ.get("FAULTS_KEEP_BROKER_DATA"):
                     shutil.rmtree(work / name / "kafka", ignore_errors=True)
         else:
             run = Run(name, seed, size, shared_bootstrap(), work / name, stall_s=stall_s)

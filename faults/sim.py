@@ -143,6 +143,7 @@ class FakeProducer:
         self.plan = plan
         self.epoch = broker.init_producer()
         self.deliveries: list = []
+        self.purges: list = []
         # A delivery failed in this transaction: like librdkafka, the transaction is then in the abortable
         # error state, and sending offsets or committing says so, whether or not a callback saw the failure.
         self.txn_failed = False
@@ -177,6 +178,13 @@ class FakeProducer:
                 callback(KafkaError(KafkaError._MSG_TIMED_OUT, "simulated") if failure else None, msg)
         self.deliveries.clear()
         return 0
+
+    def purge(self, in_queue=True, in_flight=True, blocking=True) -> None:
+        """Drops what is not delivered yet, reporting nothing (librdkafka reports _PURGE_QUEUE to callbacks that only
+        a poll of this producer would serve); records already in the log stay for the transaction's end."""
+        self.purges.append((in_queue, in_flight, blocking))
+        self.deliveries.clear()
+        self.txn_failed = True  # like librdkafka: a transaction with purged records can only abort
 
     def send_offsets_to_transaction(self, offsets, metadata, timeout=None) -> None:
         if self.plan.take("fenced"):

@@ -117,6 +117,7 @@ def check_ticks(ticks: dict[int, list], results: dict[int, list], input_ends: di
     for p in sorted(set(ticks) | set(results)):
         previous = 0
         want = []
+        at = {}  # each tick's offset on ledger-ticks, to name the ones without a result
         for offset, key, value in ticks.get(p, []):
             committed += 1
             item = tick_input(codec, offset, key, value)
@@ -132,13 +133,16 @@ def check_ticks(ticks: dict[int, list], results: dict[int, list], input_ends: di
             previous = max(previous, item.offset)
             keys[item.event["idempotency_key"]] += 1
             want.append((item.event["event_id"], item.event["idempotency_key"], item.offset))
+            at[want[-1]] = offset
         got = [(r["event_id"], r["idempotency_key"], r["input_offset"]) for _, _, r in results.get(p, [])
                if isinstance(r, dict) and is_processor_tick(r)]
         if got != want:
             missing, extra = _diff(want, got)
             problems.append(f"partition {p}: {len(want)} ticks on ledger-ticks, {len(got)} tick results on "
                             f"settlement-results ({missing} without a result, {extra} without a tick"
-                            + (", out of order" if not missing and not extra else "") + ")")
+                            + (", out of order" if not missing and not extra else "") + ")"
+                            + (f"; without a result: ledger-ticks offsets "
+                               f"{sorted(at[w] for w in set(want) - set(got))[:10]}" if missing else ""))
     twice = sorted(k for k, n in keys.items() if n > 1)
     if twice:
         problems.append(f"{len(twice)} tick idempotency keys committed more than once, e.g. {twice[:3]}")

@@ -7,6 +7,7 @@ which keep Kafka's transaction semantics."""
 from __future__ import annotations
 
 import random
+import threading
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -160,3 +161,41 @@ def test_a_record_refused_as_it_is_produced_aborts_the_transaction_and_stops_its
     run.to_the_end(early=True)
     assert run.committed_records(1) > 0 and run.committed_records(0) == 0
     assert run.broker.group_offsets == {1: len(run.broker.inputs[1])}
+
+
+def test_a_producer_given_up_on_a_stuck_call_is_purged_and_its_transaction_never_commits(runs, monkeypatch) -> None:
+    """librdkafka can block in send_offsets_to_transaction past its timeout after a broker restart: the processor
+    gives that producer up and replays with a new one (docs/faults.md, finding 1). The given-up producer stays
+    alive, so what it still holds is purged; its transaction is aborted by the new producer's fence, and the run
+    commits exactly what an undisturbed run commits."""
+    from branch_settlement.processors.kafka import processor as processor_module, txn_guard
+
+    monkeypatch.setattr(txn_guard, "MARGIN_S", 0.0)
+    monkeypatch.setattr(processor_module, "call_timeout_s", lambda config: 0.2)
+    release = threading.Event()
+
+    class StuckOnce(sim.FakeProducer):
+        stuck = False
+
+        def send_offsets_to_transaction(self, offsets, metadata, timeout=None) -> None:
+            if not StuckOnce.stuck:
+                StuckOnce.stuck = True
+                release.wait(30)  # the stuck call: it returns only once the test lets it
+                return super().send_offsets_to_transaction(offsets, metadata, timeout)
+            return super().send_offsets_to_transaction(offsets, metadata, timeout)
+
+    reference = runs()
+    reference.to_the_end(early=True)
+    run = runs(producer_class=StuckOnce)
+    for _ in range(3):
+        run.fold(early=True)
+    given_up = run.processor.producer
+    assert not run.processor.checkpoint()  # stuck: given up, nothing committed
+    assert run.processor.producer is not given_up
+    assert given_up.purges == [(True, True, False)]
+    assert given_up._fenced()
+    release.set()  # the stuck call returns now: into a fenced producer, whose transaction was aborted
+    run.to_the_end(early=True)
+    assert run.committed() == reference.committed()
+    assert not any(entry[2] == "pending" for topic in sim.TOPICS.values() for p in range(sim.PARTITIONS)
+                   for entry in run.broker.log(topic, p).entries)
