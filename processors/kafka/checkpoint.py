@@ -278,7 +278,6 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
         # aborts the transaction (a new epoch); the stuck one can commit nothing.
         for task in tasks:
             task.discard()
-        purge_given_up(producer)
         raise FatalProducerError(f"{exc}: nothing was committed", code=exc.code, retriable=True) from exc
     except KafkaException as exc:
         _abort(producer, consumer, tasks, topics, exc, timeout_s)
@@ -302,17 +301,6 @@ def commit_checkpoint(producer: Producer, consumer, tasks: list[PartitionTask], 
     phase("store")
     return CheckpointResult(committed=True, events=events, records=count, released=released,
                             phases_ms=phases, last_offsets=txn.last_offsets)
-
-
-def purge_given_up(producer: Producer) -> None:
-    """A producer given up on a stuck call stays alive (the stuck thread holds it) and would go on sending what it
-    has queued once the broker answers again: registering partitions in its transaction and appending records that
-    only the next producer's fence then aborts. Dropped here instead (not waited for: the producer may be stuck),
-    so that nothing but the fence is left between it and the log. Best effort: it is given up either way."""
-    try:
-        producer.purge(in_queue=True, in_flight=True, blocking=False)
-    except Exception as exc:  # noqa: BLE001 - nothing more to do with this producer
-        log.warning("purging the given-up producer's queue: %s", exc)
 
 
 def _produce(producer: Producer, topic: str, partition: int, key: bytes | None, value: bytes | None,
@@ -383,7 +371,6 @@ def _abort(producer: Producer, consumer, tasks: list[PartitionTask], topics: dic
     try:
         bounded("abort_transaction", producer.abort_transaction, timeout_s, timeout_s=timeout_s)
     except TransactionCallStuck as stuck:
-        purge_given_up(producer)
         raise FatalProducerError(f"{stuck}: nothing was committed", code=stuck.code, retriable=True) from exc
     except KafkaException as abort_exc:
         abort_err = _kafka_error(abort_exc)

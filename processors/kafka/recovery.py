@@ -34,11 +34,11 @@ def recover(processor: Processor, failure: KafkaFailure, tasks: list[PartitionTa
         rewind_or_reload(processor, tasks)
     elif isinstance(failure, FatalProducerError):
         log.error("%s: recreating the producer and replaying from the last commit", failure)
-        processor.producer = processor._new_producer()
+        replace_producer(processor)
         rewind_or_reload(processor, tasks)
     elif isinstance(failure, CommitOutcomeUnknown):
         log.error("%s: reloading every partition from the committed offsets and the changelog", failure)
-        processor.producer = processor._new_producer()  # settles the pending transaction, whichever way it went
+        replace_producer(processor)  # the new one settles the pending transaction, whichever way it went
         reload(processor)
     else:  # a rewind that failed after a clean abort
         log.error("%s: reloading every partition from the committed offsets and the changelog", failure)
@@ -59,6 +59,19 @@ def recover_from_fence(processor: Processor, exc: ProducerFenced) -> None:
                 "runs with worker slot %r.", exc, pause_s, processor.fence_retries, FENCE_RETRIES,
                 processor.config.worker_slot)
     time.sleep(pause_s)
+    replace_producer(processor)
+
+
+def replace_producer(processor: Processor) -> None:
+    """The processor's producer given up for a new one, whose `init_transactions` fences it. The given-up one may
+    still be alive (a thread stuck in one of its calls holds it) and would go on sending what it has queued once
+    the broker answers again: registering partitions in its transaction and appending records that only the fence
+    then aborts. What it holds is dropped first (not waited for: it may be stuck), so that nothing but the fence
+    is left between it and the log. Best effort: it is given up either way."""
+    try:
+        processor.producer.purge(in_queue=True, in_flight=True, blocking=False)
+    except Exception as exc:  # noqa: BLE001 - nothing more to do with this producer
+        log.warning("purging the given-up producer's queue: %s", exc)
     processor.producer = processor._new_producer()
 
 

@@ -181,7 +181,6 @@ def test_a_producer_given_up_on_a_stuck_call_is_purged_and_its_transaction_never
             if not StuckOnce.stuck:
                 StuckOnce.stuck = True
                 release.wait(30)  # the stuck call: it returns only once the test lets it
-                return super().send_offsets_to_transaction(offsets, metadata, timeout)
             return super().send_offsets_to_transaction(offsets, metadata, timeout)
 
     reference = runs()
