@@ -269,16 +269,18 @@ def test_the_fold_digests_with_the_selected_implementation(monkeypatch):
 # ---- whole folds ----------------------------------------------------------------------------------------------
 
 def fold_bytes(codec: Codec, events: list[dict], checkpoint_events: int = 50, partition: int = 0,
-               partitions: int | None = None) -> list[bytes]:
+               partitions: int | None = None, rekey=None) -> list[bytes]:
     """Every byte a fold with `codec` (and the fold of the same implementation) writes: each input as encoded and
     decoded again, then at each checkpoint every output record and every ledger change (key and value), in order.
-    `partitions`: the fold is that of `partition` of a topic of so many (the others' events are misrouted)."""
+    `partitions`: the fold is that of `partition` of a topic of so many (the others' events are misrouted).
+    `rekey`: each decoded event is folded as `rekey(event)` gives it."""
     inputs = [codec.encode_event(event) for event in events]
     view = open_view(MemoryStore(), codec)
     fold, out, written = Fold(view, partition, partitions, implementation=codec.implementation), Outputs(), []
     for offset, data in enumerate(inputs):
         written.append(data)
-        fold.apply(codec.decode_event(data), offset, out)
+        event = codec.decode_event(data)
+        fold.apply(rekey(event) if rekey else event, offset, out)
         if (offset + 1) % checkpoint_events == 0 or offset + 1 == len(inputs):
             for attr, name in OUTPUT_RECORDS:
                 written.extend(codec.encode(name, record) for record in getattr(out, attr))
@@ -397,6 +399,34 @@ def test_the_compiled_fold_takes_the_common_events_itself(compiled, python, monk
     # usage, and its speculative winners name a held attempt: the core settles them all itself
     outcomes = {"ChildSkipped", "CancelAcknowledged", "ChildFailed", "SpeculativeWinner"}
     assert outcomes <= {event["type"] for event in events} and not outcomes & set(delegated), delegated
+
+
+def _fresh_keys(event: dict) -> dict:
+    """The event under keys that are equal strings of their own, none interned."""
+    fresh = {"".join(list(key)): value for key, value in event.items()}
+    assert not any(key is sys.intern(key) for key in fresh)
+    return fresh
+
+
+def _label_keys(event: dict) -> dict:
+    """The event under keys that are a str subclass."""
+    return {Label(key): value for key, value in event.items()}
+
+
+@pytest.mark.parametrize("rekey", [_fresh_keys, _label_keys])
+def test_the_core_reads_an_event_under_any_equal_keys(compiled, python, monkeypatch, rekey):
+    """The core reads an event's items in one pass, by the identity of the names it interned (as the compiled decoder
+    makes every key), else from the dict by name: an event whose keys are equal strings of their own, or a str
+    subclass, is taken by the core and folds to the same bytes as the Python fold folds the decoded events."""
+    events = [python.event_from_json(r) for r in Generator(7).generate(1500) if not isinstance(r, str)]
+    delegated = []
+    python_apply = Fold._apply
+    monkeypatch.setattr(Fold, "_apply", lambda self, event, *args: delegated.append(event["type"]) or
+                        python_apply(self, event, *args))
+    got = fold_bytes(compiled, events, rekey=rekey)
+    assert len(delegated) < 0.15 * len(events), (len(delegated), len(events))
+    monkeypatch.setattr(Fold, "_apply", python_apply)
+    assert got == fold_bytes(python, events)
 
 
 def test_a_compiled_fold_built_for_another_contract_refuses_to_start(compiled):
