@@ -13,7 +13,10 @@ I3  the final ledger of the processor's projections (RocksDB, read-only), and th
 I4  the consumer that read (read_committed) while the faults happened saw no release_key and no input
     offset twice, and saw everything;
 I5  no transaction is left open: a marker written transactionally at the end to every partition of every
-    output topic and the changelog is readable with read_committed on each of them;
+    output topic and the changelog is readable with read_committed on each of them. Before that, the reads wait
+    for every transaction to be decided (read_committed stops at the last stable offset: an open transaction
+    would hide every later commit from I2 and I8): what they waited for, and how long, is in I5 and the notes,
+    and one still open after SETTLE_TIMEOUT_S fails I5;
 I6  a fenced zombie committed nothing (counted by the scenario: committed records before and after it
     resumed, and what its log says);
 I7  SPEC §3 holds for every parent of the final projections: every term >= 0 and
@@ -45,6 +48,7 @@ from branch_settlement.projections.store import MemoryStore, RocksStore
 from branch_settlement.schemas.codec import CodecError, default_codec
 
 MARKER_TIMEOUT_S = 60.0
+SETTLE_TIMEOUT_S = 90.0  # beyond the scenarios' transaction.timeout.ms (30 s) and the broker's abort of it
 LEASE_EXPIRY_NOTE = "reconciling after lease expiry"  # the audit note of a child whose lease ran out
 _offline_cache: dict[bytes, "Folded"] = {}
 
@@ -207,9 +211,49 @@ def _diff(want: list, got: list) -> tuple[int, int]:
     return sum((w - g).values()), sum((g - w).values())
 
 
+def open_transactions(bootstrap: str, names: list[str]) -> dict[str, tuple[int, int]]:
+    """The partitions of these topics with a transaction open now: "topic[p]" -> (last stable offset, end). A
+    read_committed consumer's watermark query answers the last stable offset, a read_uncommitted one's the end."""
+    ends = {}
+    for isolation in ("read_uncommitted", "read_committed"):
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"faults-lso-{uuid.uuid4().hex[:6]}",
+                             "enable.auto.commit": False, "isolation.level": isolation, "log_level": 0})
+        try:
+            for name in names:
+                for p in consumer.list_topics(name, timeout=30).topics[name].partitions:
+                    high = consumer.get_watermark_offsets(TopicPartition(name, p), timeout=30, cached=False)[1]
+                    ends.setdefault(f"{name}[{p}]", []).append(high)
+        finally:
+            consumer.close()
+    return {tp: (stable, end) for tp, (end, stable) in ends.items() if stable < end}
+
+
+def settle(bootstrap: str, names: list[str], timeout_s: float = SETTLE_TIMEOUT_S) -> dict:
+    """Wait until no transaction is open on these topics (or `timeout_s`): what was open when it began, for how
+    long, and what still is."""
+    began = time.monotonic()
+    first = still = open_transactions(bootstrap, names)
+    while still and time.monotonic() - began < timeout_s:
+        time.sleep(0.5)
+        still = open_transactions(bootstrap, names)
+    return {"open_at_start": {tp: list(v) for tp, v in sorted(first.items())},
+            "waited_s": round(time.monotonic() - began, 1),
+            "still_open": {tp: list(v) for tp, v in sorted(still.items())}}
+
+
+def waited_for(settled: dict) -> str | None:
+    """What `settle` found, in words: None where nothing was open when the verification began."""
+    if not settled["open_at_start"]:
+        return None
+    return (f"the verification waited {settled['waited_s']} s for transactions open when it began, every processor "
+            f"stopped (topic[partition]: [last stable offset, end]): {settled['open_at_start']}"
+            + (f"; still open after {settled['waited_s']} s: {settled['still_open']}" if settled["still_open"] else ""))
+
+
 def verify(topics: Topics, final_state: Path, group: str, reader=None, zombie: dict | None = None,
            write_marker: bool = True) -> dict:
     bootstrap = topics.bootstrap
+    settled = settle(bootstrap, [topics.name(t) for t in (*OUTPUT_TOPICS, "ledger-changelog", TICKS_TOPIC)])
     inputs = read_partitions(bootstrap, topics.name("branch-events"), decode=False)
     ticks = read_partitions(bootstrap, topics.name(TICKS_TOPIC), decode=False)
     results = read_partitions(bootstrap, topics.name("settlement-results"))
@@ -293,7 +337,13 @@ def verify(topics: Topics, final_state: Path, group: str, reader=None, zombie: d
         invariants["I6"] = zombie
     if write_marker:
         invariants["I5"] = check_no_open_transaction(topics)
-    open_transactions = 0 if invariants.get("I5", {"ok": True})["ok"] else len(invariants["I5"]["unreadable"])
+    waited = waited_for(settled)
+    if waited is not None:  # evidence; a transaction never decided fails I5 (here and by its marker)
+        notes.insert(0, waited)
+        i5 = invariants.setdefault("I5", {"ok": True})
+        i5["open_when_verification_began"] = settled
+        i5["ok"] = i5["ok"] and not settled["still_open"]
+    left_open = max(len(invariants.get("I5", {}).get("unreadable", [])), len(settled["still_open"]))
     summary = {
         "releases_expected": counts["releases_expected"],
         "releases_observed": counts["releases_observed"],
@@ -309,7 +359,7 @@ def verify(topics: Topics, final_state: Path, group: str, reader=None, zombie: d
         "mismatches": len(ledger_mismatch) + counts["releases_out_of_order"] + counts["results_out_of_order"]
         + counts["dead_letters_out_of_order"] + len(child_problems) + len(invariant_problems)
         + len(ticks_checked["problems"]),
-        "open_transactions": open_transactions,
+        "open_transactions": left_open,
     }
     return {"ok": all(v["ok"] for v in invariants.values()), "summary": summary, "invariants": invariants,
             "notes": notes[:20]}
