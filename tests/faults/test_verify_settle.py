@@ -31,6 +31,13 @@ def _producer(bootstrap: str) -> Producer:
     return producer
 
 
+def _hold_open(producer: Producer, topic: str, partition: int) -> None:
+    """A transaction begun with one record on `partition`, neither committed nor aborted."""
+    producer.begin_transaction()
+    producer.produce(topic, b"open", partition=partition)
+    producer.flush(30)
+
+
 @pytest.mark.kafka
 def test_the_reads_wait_for_an_open_transaction_and_name_it(shared_bootstrap: str, topic: str) -> None:
     producer = _producer(shared_bootstrap)
@@ -39,9 +46,7 @@ def test_the_reads_wait_for_an_open_transaction_and_name_it(shared_bootstrap: st
     producer.commit_transaction(30)
     assert open_transactions(shared_bootstrap, [topic]) == {}
     assert waited_for(settle(shared_bootstrap, [topic], timeout_s=30)) is None
-    producer.begin_transaction()
-    producer.produce(topic, b"open", partition=1)
-    producer.flush(30)
+    _hold_open(producer, topic, 1)
     held = open_transactions(shared_bootstrap, [topic])
     assert list(held) == [f"{topic}[1]"], held
     stable, end = held[f"{topic}[1]"]
@@ -62,9 +67,7 @@ def test_the_reads_wait_for_an_open_transaction_and_name_it(shared_bootstrap: st
 @pytest.mark.kafka
 def test_a_transaction_still_open_when_the_wait_ends_is_reported(shared_bootstrap: str, topic: str) -> None:
     producer = _producer(shared_bootstrap)
-    producer.begin_transaction()
-    producer.produce(topic, b"open", partition=0)
-    producer.flush(30)
+    _hold_open(producer, topic, 0)
     try:
         settled = settle(shared_bootstrap, [topic], timeout_s=1.0)
     finally:
