@@ -415,9 +415,10 @@ def _label_keys(event: dict) -> dict:
 
 @pytest.mark.parametrize("rekey", [_fresh_keys, _label_keys])
 def test_the_core_reads_an_event_under_any_equal_keys(compiled, python, monkeypatch, rekey):
-    """The core reads an event's items in one pass, by the identity of the names it interned (as the compiled decoder
-    makes every key), else from the dict by name: an event whose keys are equal strings of their own, or a str
-    subclass, is taken by the core and folds to the same bytes as the Python fold folds the decoded events."""
+    """The compiled decoder makes every key of an event an interned str, and so do the core's names: a core that read
+    keys by identity would be right on decoded events only. An event whose keys are equal strings of their own, or a
+    str subclass, is taken by the core all the same and folds to the same bytes as the Python fold of the decoded
+    events (docs/benchmarks.md, ninth part: a read by identity was measured and not taken; this holds any that is)."""
     events = [python.event_from_json(r) for r in Generator(7).generate(1500) if not isinstance(r, str)]
     delegated = []
     python_apply = Fold._apply
