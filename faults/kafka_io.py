@@ -281,12 +281,17 @@ class OwnBroker:
         self._sh("controller", "up")
         self._sh("broker", "up")
 
-    def down(self, fence_timeout_s: float = 60) -> None:
+    def down(self, fence_timeout_s: float = 60, stopped=None) -> None:
         """A clean stop of the broker (a controlled shutdown through the controller), then, as after kill9,
         wait until the controller has fenced it: until its session expires the controller refuses the
-        restarted broker's registration (DUPLICATE_BROKER_REGISTRATION) just the same."""
+        restarted broker's registration (DUPLICATE_BROKER_REGISTRATION) just the same. `stopped()` is called
+        once the broker's process is gone, before that wait."""
         fences = self._fences()
-        self._sh("broker", "down")
+        try:
+            self._sh("broker", "down")
+        finally:
+            if stopped is not None:
+                stopped()
         self._wait_fenced(fences, fence_timeout_s)
 
     def pid(self, role: str = "broker") -> int | None:

@@ -38,6 +38,7 @@ STALL_S = 75.0
 # The tail is published once every partition has committed a tick this long past the moment the main part's
 # last result was seen: past every shortened lease (granted at a ledger time no later than that moment).
 TAIL_AFTER_MS = SHORT_LEASE_MS + 500
+MARKERS_S = 1.0  # for a transaction coordinator to write the markers of a commit it has acknowledged (ms, usually)
 # Faults after which the processor that recovers is a new process (recovery ends at its first commit).
 RESTART_FAULTS = frozenset({"processor_kill_9", "processor_sigterm", "crash_after_produce", "crash_after_send_offsets",
                             "crash_after_commit", "crash_mid_restore", "projection_directory_deleted",
@@ -545,7 +546,16 @@ def broker_bounce(run: Run, broker: OwnBroker, hard: int = 2) -> dict:
         broker.up()
     run.wait_fraction(0.75)
     run.fault("broker_clean_restart")
-    broker.down()
+    # A controlled shutdown takes the only broker's leaders away first; a commit whose markers the coordinator is
+    # writing meanwhile has them skipped on the partitions already without a leader ("likely deleted"), and those
+    # records stay in a hanging transaction (docs/faults.md, finding 7; finding 2 for a crash). A defect of a
+    # one-broker cluster, not what the scenario tests: the processor is stopped while the shutdown begins (after a
+    # moment for the markers of a commit it has just had acknowledged) and resumed once the broker is gone, so it
+    # meets the stopped broker mid-transaction as before, but commits nothing during the shutdown.
+    processor = run.managed["a"]
+    processor.signal(signal.SIGSTOP)
+    time.sleep(MARKERS_S)
+    broker.down(stopped=lambda: processor.signal(signal.SIGCONT))
     broker.up()
     return run.finish("a")
 
