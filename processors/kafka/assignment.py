@@ -106,5 +106,6 @@ def _unavailable(exc: KafkaException, budget_s: float, past_deadline: bool) -> K
         f"{failure}. They stayed unavailable for {budget_s:.0f} s, longer than a crashed "
         "predecessor's transaction can stay open: most likely a hanging transaction on the "
         "group's __consumer_offsets partition, which Kafka can leave behind after a broker "
-        "crash (docs/faults.md, finding 2); kafka-transactions.sh find-hanging names it",
+        "crash, or a controlled shutdown of a cluster's only broker during a commit (docs/faults.md, "
+        "findings 2 and 7); kafka-transactions.sh find-hanging names it",
         code=failure.code, retriable=failure.retriable, fatal=failure.fatal)
