@@ -37,7 +37,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from faults.kafka_io import OUTPUT_TOPICS, TICKS_TOPIC, Topics, is_processor_tick, read_partitions
 from branch_settlement.processors.crosscheck.readers import tick_input
@@ -211,31 +212,29 @@ def _diff(want: list, got: list) -> tuple[int, int]:
     return sum((w - g).values()), sum((g - w).values())
 
 
-def open_transactions(bootstrap: str, names: list[str]) -> dict[str, tuple[int, int]]:
-    """The partitions of these topics with a transaction open now: "topic[p]" -> (last stable offset, end). A
-    read_committed consumer's watermark query answers the last stable offset, a read_uncommitted one's the end."""
-    ends = {}
-    for isolation in ("read_uncommitted", "read_committed"):
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"faults-lso-{uuid.uuid4().hex[:6]}",
-                             "enable.auto.commit": False, "isolation.level": isolation, "log_level": 0})
-        try:
-            for name in names:
-                for p in consumer.list_topics(name, timeout=30).topics[name].partitions:
-                    high = consumer.get_watermark_offsets(TopicPartition(name, p), timeout=30, cached=False)[1]
-                    ends.setdefault(f"{name}[{p}]", []).append(high)
-        finally:
-            consumer.close()
-    return {tp: (stable, end) for tp, (end, stable) in ends.items() if stable < end}
+def open_transactions(admin: AdminClient, names: list[str]) -> dict[str, tuple[int, int]]:
+    """The partitions of these topics with a transaction open now: "topic[p]" -> (last stable offset, end): the
+    latest offset read_committed and read_uncommitted (ListOffsets, as the processor's stability watch asks)."""
+    topics = admin.list_topics(timeout=30).topics
+    request = {TopicPartition(name, p): OffsetSpec.latest() for name in names for p in topics[name].partitions}
+
+    def latest(level: IsolationLevel) -> dict[str, int]:
+        futures = admin.list_offsets(request, isolation_level=level, request_timeout=30)
+        return {f"{tp.topic}[{tp.partition}]": future.result().offset for tp, future in futures.items()}
+
+    ends, stable = latest(IsolationLevel.READ_UNCOMMITTED), latest(IsolationLevel.READ_COMMITTED)
+    return {tp: (stable[tp], end) for tp, end in ends.items() if stable[tp] < end}
 
 
 def settle(bootstrap: str, names: list[str], timeout_s: float = SETTLE_TIMEOUT_S) -> dict:
     """Wait until no transaction is open on these topics (or `timeout_s`): what was open when it began, for how
     long, and what still is."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
     began = time.monotonic()
-    first = still = open_transactions(bootstrap, names)
+    first = still = open_transactions(admin, names)
     while still and time.monotonic() - began < timeout_s:
         time.sleep(0.5)
-        still = open_transactions(bootstrap, names)
+        still = open_transactions(admin, names)
     return {"open_at_start": {tp: list(v) for tp, v in sorted(first.items())},
             "waited_s": round(time.monotonic() - began, 1),
             "still_open": {tp: list(v) for tp, v in sorted(still.items())}}

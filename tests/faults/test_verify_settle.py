@@ -16,6 +16,11 @@ from faults.verify import open_transactions, settle, waited_for
 
 
 @pytest.fixture
+def admin(shared_bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": shared_bootstrap, "log_level": 0})
+
+
+@pytest.fixture
 def topic(shared_bootstrap: str):
     admin = AdminClient({"bootstrap.servers": shared_bootstrap, "log_level": 0})
     name = f"t.verify-settle.{uuid.uuid4().hex[:8]}"
@@ -39,15 +44,16 @@ def _hold_open(producer: Producer, topic: str, partition: int) -> None:
 
 
 @pytest.mark.kafka
-def test_the_reads_wait_for_an_open_transaction_and_name_it(shared_bootstrap: str, topic: str) -> None:
+def test_the_reads_wait_for_an_open_transaction_and_name_it(shared_bootstrap: str, admin: AdminClient,
+                                                           topic: str) -> None:
     producer = _producer(shared_bootstrap)
     producer.begin_transaction()
     producer.produce(topic, b"committed", partition=0)
     producer.commit_transaction(30)
-    assert open_transactions(shared_bootstrap, [topic]) == {}
+    assert open_transactions(admin, [topic]) == {}
     assert waited_for(settle(shared_bootstrap, [topic], timeout_s=30)) is None
     _hold_open(producer, topic, 1)
-    held = open_transactions(shared_bootstrap, [topic])
+    held = open_transactions(admin, [topic])
     assert list(held) == [f"{topic}[1]"], held
     stable, end = held[f"{topic}[1]"]
     assert stable < end, held
@@ -61,7 +67,7 @@ def test_the_reads_wait_for_an_open_transaction_and_name_it(shared_bootstrap: st
     assert settled["open_at_start"] == {f"{topic}[1]": [stable, end]} and settled["still_open"] == {}, settled
     note = waited_for(settled)
     assert note is not None and f"{topic}[1]" in note and "still open" not in note, note
-    assert open_transactions(shared_bootstrap, [topic]) == {}
+    assert open_transactions(admin, [topic]) == {}
 
 
 @pytest.mark.kafka

@@ -265,12 +265,10 @@ def process_workload(kafka_topics, tmp_path: Path, events: int, seed: int) -> Pa
 
 def restart_until_assigned(kafka_topics, state: Path, log_path: Path) -> str:
     """A processor started on `state`, stopped once its restore is done and it owns partitions; its log."""
+    since = log_path.stat().st_size if log_path.exists() else 0
     proc = ProcessorProcess(kafka_topics, state, log_path, slot="a", group="g")
     try:
-        deadline = time.monotonic() + 120
-        while "assigned partitions" not in proc.output():
-            assert time.monotonic() < deadline and proc.proc.poll() is None, proc.output()[-3000:]
-            time.sleep(0.5)
+        wait_assigned(proc, log_path, since)
     finally:
         assert proc.stop() == 0
     return proc.output()
