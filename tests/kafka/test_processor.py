@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,10 +17,14 @@ import pytest
 from confluent_kafka import Producer
 
 from branch_settlement.processors.kafka import demo
+from branch_settlement.processors.kafka.clients import BranchEventProducer
+from branch_settlement.processors.ledger.validation import validate
+from branch_settlement.processors.replay.replayer import read_jsonl
 from branch_settlement.processors.kafka.partition import INPUT_POSITION_KEY, input_position
 from branch_settlement.processors.workload import write_jsonl
 from branch_settlement.projections import keys
 from branch_settlement.projections.store import RocksStore
+from branch_settlement.schemas.codec import default_codec
 from branch_settlement.processors.kafka.partition import store_path
 from tests.kafka.pipeline import (REPO, ProcessorProcess, count_input_results, count_records, non_empty, offline,
                                   projection_ledgers, published, read_partitions, wait_for_results)
@@ -156,23 +161,77 @@ def wait_assigned(proc: ProcessorProcess, log: Path, since: int, timeout_s: floa
     projections are as current as the changelog (an earlier instance killed between a commit and its RocksDB
     batch leaves them behind it)."""
     deadline = time.monotonic() + timeout_s
-    while b"assigned partitions" not in log.read_bytes()[since:]:
+    while not log.exists() or b"assigned partitions" not in log.read_bytes()[since:]:
         assert time.monotonic() < deadline and proc.proc.poll() is None, proc.output()[-3000:]
         time.sleep(0.2)
 
 
+class PacedPublisher(threading.Thread):
+    """A seeded workload published as an orchestrator would, `rate` events a second (the lines `settle produce`
+    sends: valid, and not a Tick), then the undecodable records: the stream still arrives while processors are killed.
+    `sent`: how many so far; `total`: how many input records the processors will fold once it is done."""
+
+    def __init__(self, kafka_topics, tmp_path: Path, events: int, seed: int, rate: int) -> None:
+        super().__init__(daemon=True)
+        path = tmp_path / "workload.jsonl"
+        write_jsonl(str(path), seed, events)
+        codec = default_codec()
+        self.events = [item.event for item in read_jsonl(path, codec)
+                       if item.event is not None and validate(item.event) is None and item.event["type"] != "Tick"]
+        self.producer = BranchEventProducer({"bootstrap.servers": kafka_topics.bootstrap_servers},
+                                            kafka_topics.name("branch-events"), codec)
+        self.kafka_topics, self.rate, self.sent, self.error = kafka_topics, rate, 0, None
+        self.total = len(self.events)
+
+    def run(self) -> None:
+        try:
+            began, step = time.monotonic(), max(1, self.rate // 20)
+            for start in range(0, len(self.events), step):
+                for event in self.events[start:start + step]:
+                    self.producer.publish(event)
+                self.producer.flush()
+                self.sent = min(start + step, len(self.events))
+                time.sleep(max(0.0, began + self.sent / self.rate - time.monotonic()))
+            garbage = Producer({"bootstrap.servers": self.kafka_topics.bootstrap_servers})
+            for i, raw in enumerate(GARBAGE):
+                garbage.produce(self.kafka_topics.name("branch-events"), value=raw, key=f"garbage-{i}".encode())
+            assert garbage.flush(30) == 0
+        except BaseException as exc:  # the test reads it when it joins
+            self.error = exc
+
+    def finish(self, timeout_s: float = 120) -> int:
+        """Wait until everything is published; the input records the processors will fold."""
+        self.join(timeout_s)
+        assert not self.is_alive(), "the paced publisher did not finish"
+        if self.error is not None:
+            raise self.error
+        total = count_records(self.kafka_topics.bootstrap_servers, self.kafka_topics.name("branch-events"))
+        assert total == self.total + len(GARBAGE)
+        return self.total
+
+
 def test_kill_9_mid_stream_loses_nothing_and_repeats_nothing(kafka_topics, tmp_path: Path) -> None:
-    expected = produce_workload(kafka_topics, tmp_path, 20_000, seed=12)
+    """Three processors killed with SIGKILL, each once it has committed work of its own while the input still
+    arrives (paced: on an input published at once, a processor folds it all in a second or two, before a kill
+    comes), then a last one finishes the stream."""
+    publisher = PacedPublisher(kafka_topics, tmp_path, 20_000, seed=12, rate=500)
     log = tmp_path / "run.log"
-    for fraction in (0.2, 0.4, 0.6):
+    publisher.start()
+    for _ in range(3):
+        since = log.stat().st_size if log.exists() else 0
         proc = ProcessorProcess(kafka_topics, tmp_path / "state", log, slot="a", group="g")
-        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, int(expected * fraction), 300, [proc])
+        wait_assigned(proc, log, since)
+        before = count_input_results(kafka_topics.bootstrap_servers, kafka_topics)
+        wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, before + 800, 300, [proc])
         proc.kill()
-    since = log.stat().st_size if log.exists() else 0
+        # mid-stream: the processor had work still coming (else this test would only kill idle processors)
+        assert publisher.is_alive() and publisher.sent < publisher.total, (publisher.sent, publisher.error)
+    since = log.stat().st_size
     proc = ProcessorProcess(kafka_topics, tmp_path / "state", log, slot="a", group="g")
     try:
+        expected = publisher.finish()
         wait_for_results(kafka_topics.bootstrap_servers, kafka_topics, expected, 300, [proc])
-        wait_assigned(proc, log, since)  # all may have been committed before it started: it still restores
+        wait_assigned(proc, log, since)  # its restore done: the projections as current as the changelog
     finally:
         assert proc.stop() == 0, proc.output()[-3000:]
     assert_exactly_once(kafka_topics)
