@@ -173,9 +173,21 @@ impl MessageFolder {
             let (records, released) = (&part.records, &part.released);
             let (code, audits) = match applied {
                 Applied::Dict(result) => (result.get_item(intern!(py, "result"))?, Vec::new()),
-                Applied::Direct { code, result: (key, value), audits } => {
+                Applied::Direct { code, result: (key, value), releases, audits } => {
                     let direct = direct.expect("written directly only with a Direct");
                     records.append((direct.results_topic.bind(py), key, value))?;
+                    if let Some(route) = &direct.releases {
+                        // the second route's, then what the encoder writes of the others (as OutputEncoder.buffer)
+                        for release in releases {
+                            records.append((route.topic.bind(py), release.record.0, release.record.1))?;
+                            let total = (release.dimension, release.destination);
+                            let before = match released.get_item(&total)? {
+                                Some(before) => before,
+                                None => 0i64.into_pyobject(py)?.into_any(),
+                            };
+                            released.set_item(total, before.add(release.quantity)?)?;
+                        }
+                    }
                     (code.into_any(), audits)
                 }
             };

@@ -144,6 +144,11 @@ pub(crate) const AUDIT_SLOTS: [&str; 15] = [
     "lease_generation", "triggering_event_id", "event_type", "input_partition", "input_offset", "ledger_time_ms",
     "note",
 ];
+/// The fields of a release, in the order Ctx::release holds their values.
+pub(crate) const RELEASE_SLOTS: [&str; 14] = [
+    "release_key", "parent_id", "child_id", "attempt_id", "dimension", "quantity", "destination", "reason",
+    "idempotency_key", "triggering_event_id", "balance", "input_partition", "input_offset", "ledger_time_ms",
+];
 
 /// The fields of an idempotency record, as the slots its writer finds them in (Ctx::put_idempotency).
 const IDEMPOTENCY_SLOTS: [&str; 4] = ["payload_digest", "event_type", "result", "event_id"];
@@ -166,6 +171,7 @@ fn timer_dict<'py>(py: Python<'py>, values: &[Bound<'py, PyAny>; 4]) -> PyResult
 
 static RESULT_KEYS: pyo3::sync::GILOnceCell<Vec<Py<PyString>>> = pyo3::sync::GILOnceCell::new();
 static AUDIT_KEYS: pyo3::sync::GILOnceCell<Vec<Py<PyString>>> = pyo3::sync::GILOnceCell::new();
+static RELEASE_KEYS: pyo3::sync::GILOnceCell<Vec<Py<PyString>>> = pyo3::sync::GILOnceCell::new();
 
 /// A record of `values` as a dict, under `names` (RESULT_SLOTS or AUDIT_SLOTS, interned once in `keys`), in that order.
 fn slots_dict<'py>(py: Python<'py>, keys: &'static pyo3::sync::GILOnceCell<Vec<Py<PyString>>>, names: &[&str],
@@ -607,13 +613,24 @@ struct Ctx<'py> {
     absent_key: std::cell::RefCell<Option<Bound<'py, PyBytes>>>,
 }
 
-/// An event's audit records, encoded as they are made: (key, value), as OutputEncoder would give them.
+/// An event's audit records, encoded as they are made: (key, value), as OutputEncoder would give them; and its
+/// releases too where `release` is (the releases' route is the second, Direct::releases).
 struct DirectAudits<'py> {
     writer: Bound<'py, crate::Encoder>,
     order: crate::SlotOrder,
     name: Bound<'py, PyString>,
     encode: Bound<'py, PyAny>,
     written: std::cell::RefCell<(Vec<Written<'py>>, Vec<u8>)>,
+    release: Option<(Bound<'py, crate::Encoder>, crate::SlotOrder, Bound<'py, PyString>)>,
+    releases: std::cell::RefCell<Vec<Release<'py>>>,
+}
+
+/// A release written: the record (key, value), and its dimension, destination and quantity (OutputEncoder's totals).
+pub(crate) struct Release<'py> {
+    pub(crate) record: Written<'py>,
+    pub(crate) dimension: Bound<'py, PyAny>,
+    pub(crate) destination: Bound<'py, PyString>,
+    pub(crate) quantity: i64,
 }
 
 /// A record written: (key, value).
@@ -623,11 +640,12 @@ type Written<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>);
 pub(crate) enum Applied<'py> {
     /// The Python fold took the event: its result, and its outputs in `out` (as Fold.apply).
     Dict(Bound<'py, PyAny>),
-    /// The core took it: the result code, the result record and the audit records written (key, value), the other
-    /// outputs in `out`.
+    /// The core took it: the result code, the result record, the releases (where Direct::releases is) and the audit
+    /// records written (key, value), the other outputs in `out`.
     Direct {
         code: Bound<'py, PyString>,
         result: Written<'py>,
+        releases: Vec<Release<'py>>,
         audits: Vec<Written<'py>>,
     },
 }
@@ -684,6 +702,29 @@ impl<'py> Ctx<'py> {
         };
         let key = release_key(&parent_id, &self.key, &child_id, dimension, destination)?;
         let balance = sub_dict(&sub_dict(parent, intern!(py, "dimensions"))?, dimension.downcast()?)?;
+        if let Some(direct) = &self.direct {
+            if let Some((writer, order, name)) = &direct.release {
+                // Encoded now, so the parent's balance as it is now, without the copy a record kept till later needs.
+                let destination = PyString::new(py, destination);
+                // in RELEASE_SLOTS' order
+                let values = [PyString::new(py, &key).into_any(), parent_id.clone(), child_id, attempt_id, dimension.clone(),
+                              quantity.into_pyobject(py)?.into_any(), destination.clone().into_any(),
+                              PyString::new(py, reason).into_any(), self.key.clone(), self.event_id.clone(),
+                              balance.into_any(), self.partition.clone(), self.offset.clone(),
+                              self.now_ms.into_pyobject(py)?.into_any()];
+                let mut buffer = Vec::with_capacity(256);
+                let value = match writer.get().encode_slots(py, order, &values, &mut buffer) {
+                    Ok(bytes) => bytes.into_any(),
+                    Err(crate::NotPlain) => {
+                        direct.encode.call1((name, slots_dict(py, &RELEASE_KEYS, &RELEASE_SLOTS, &values)?))?
+                    }
+                };
+                direct.releases.borrow_mut().push(Release {
+                    record: (output_key(&parent_id)?, value), dimension: dimension.clone(), destination, quantity,
+                });
+                return Ok(());
+            }
+        }
         let record = presized(py, 14)?;
         record.set_item(intern!(py, "release_key"), key)?;
         record.set_item(intern!(py, "parent_id"), &parent_id)?;
@@ -1979,6 +2020,8 @@ impl FoldCore {
                 name: d.audit_name.bind(py).clone(),
                 encode: d.encode.bind(py).clone(),
                 written: std::cell::RefCell::new((Vec::new(), Vec::with_capacity(256))),
+                release: d.releases.as_ref().map(|r| (r.encoder.bind(py).clone(), r.order, r.name.bind(py).clone())),
+                releases: std::cell::RefCell::new(Vec::new()),
             }),
         };
         let mut once = self.apply_once(&mut ctx, &parent_id);
@@ -2021,8 +2064,11 @@ impl FoldCore {
                         direct.encode.bind(py).call1((direct.result_name.bind(py), record))?
                     }
                 };
-                let audits = ctx.direct.take().map(|d| d.written.into_inner().0).unwrap_or_default();
-                Applied::Direct { code, result: (output_key(&parent_id)?, value), audits }
+                let (releases, audits) = match ctx.direct.take() {
+                    Some(d) => (d.releases.into_inner(), d.written.into_inner().0),
+                    None => (Vec::new(), Vec::new()),
+                };
+                Applied::Direct { code, result: (output_key(&parent_id)?, value), releases, audits }
             }
             None => {
                 let result = slots_dict(py, &RESULT_KEYS, &RESULT_SLOTS, &values)?;

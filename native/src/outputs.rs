@@ -6,7 +6,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-use crate::fold::{AUDIT_SLOTS, RESULT_SLOTS};
+use crate::fold::{AUDIT_SLOTS, RELEASE_SLOTS, RESULT_SLOTS};
 use crate::{Encoder, NotPlain, SlotOrder};
 
 struct Route {
@@ -34,8 +34,9 @@ pub struct OutputEncoder {
     direct: Option<Direct>,
 }
 
-/// The first route's records (results) and the last's (audit records), as the compiled fold writes them itself for
-/// `settle run`'s loop (FoldCore::apply_with): encoded from its values by these routes' writers, without a dict.
+/// The first route's records (results) and the last's (audit records), and the second's (releases) where it is that
+/// route, as the compiled fold writes them itself for `settle run`'s loop (FoldCore::apply_with): encoded from its
+/// values by these routes' writers, without a dict.
 pub(crate) struct Direct {
     pub(crate) results_topic: Py<PyString>,
     pub(crate) result_name: Py<PyString>,
@@ -45,8 +46,18 @@ pub(crate) struct Direct {
     pub(crate) audit_name: Py<PyString>,
     pub(crate) audit: Py<Encoder>,
     pub(crate) audit_order: SlotOrder,
+    /// The releases' route, where it is the second (so that they go right after the result, before the encoder's).
+    pub(crate) releases: Option<DirectRoute>,
     /// Codec.encode, for a record the writer leaves to fastavro
     pub(crate) encode: Py<PyAny>,
+}
+
+/// One more route whose records the compiled fold writes itself (Direct::releases).
+pub(crate) struct DirectRoute {
+    pub(crate) topic: Py<PyString>,
+    pub(crate) name: Py<PyString>,
+    pub(crate) encoder: Py<Encoder>,
+    pub(crate) order: SlotOrder,
 }
 
 #[pymethods]
@@ -162,6 +173,13 @@ impl OutputEncoder {
         if first.attr.bind(py).to_str().ok()? != "results" || last.attr.bind(py).to_str().ok()? != "audits" {
             return None;
         }
+        let releases = routes.get(1).filter(|route| route.attr.bind(py).to_str().ok() == Some("releases"))
+            .and_then(|route| Some(DirectRoute {
+                topic: route.topic.clone_ref(py),
+                name: route.name.clone_ref(py),
+                order: route.encoder.get().slot_order(py, &RELEASE_SLOTS)?,
+                encoder: route.encoder.clone_ref(py),
+            }));
         Some(Direct {
             results_topic: first.topic.clone_ref(py),
             result_name: first.name.clone_ref(py),
@@ -171,6 +189,7 @@ impl OutputEncoder {
             audit_name: last.name.clone_ref(py),
             audit_order: last.encoder.get().slot_order(py, &AUDIT_SLOTS)?,
             audit: last.encoder.clone_ref(py),
+            releases,
             encode: encode.clone_ref(py),
         })
     }

@@ -214,8 +214,9 @@ def messages_from(events: list[dict], codec) -> list[Message]:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_the_compiled_loop_writes_results_and_audits_as_the_encoder_does_on_adversarial_streams(seed) -> None:
-    """The compiled loop has the core write the results and audit records of the events it takes itself (no dicts):
+def test_the_compiled_loop_writes_results_releases_and_audits_as_the_encoder_does_on_adversarial_streams(seed) -> None:
+    """The compiled loop has the core write the results, releases and audit records of the events it takes itself (no
+    dicts):
     the reference model's streams (duplicates, conflicts, stale and superseded reports, escalations, overruns,
     retries, loans), and the worked and borrowing examples, give the same records as the loop of dicts and the
     output encoder."""
@@ -234,4 +235,5 @@ def test_the_compiled_loop_writes_results_and_audits_as_the_encoder_does_on_adve
     written = [record for cp in got["checkpoints"] for c in cp["partitions"].values() for record in c[0]]
     audits = [value for topic, _, value in written if topic == "settlement-audit"]
     assert len(audits) > 100 and any(b"escalation" in value for value in audits)
+    assert sum(topic == "capacity-releases" for topic, _, _ in written) > 10
     assert len(set(got["counts"])) > 5, got["counts"]
