@@ -249,7 +249,7 @@ fn code_name<'py>(py: Python<'py>, code: &str) -> Bound<'py, PyString> {
     let names = CODE_NAMES.get_or_init(py, || CODES.iter().map(|c| PyString::intern(py, c).unbind()).collect());
     match CODES.iter().position(|c| *c == code) {
         Some(n) => names[n].bind(py).clone(),
-        None => PyString::new(py, code),
+        None => crate::new_str(py, code),
     }
 }
 
@@ -269,7 +269,7 @@ fn state_name<'py>(py: Python<'py>, state: &str) -> Bound<'py, PyString> {
         PARENT_CLOSING => intern!(py, "closing"),
         PARENT_CLOSED => intern!(py, "closed"),
         "" => intern!(py, ""),
-        _ => return PyString::new(py, state),
+        _ => return crate::new_str(py, state),
     };
     interned.clone()
 }
@@ -675,7 +675,7 @@ impl<'py> Ctx<'py> {
                       state_name(py, prior_state).into_any(), state_name(py, new_state).into_any(),
                       self.key.clone(), generation, self.event_id.clone(), self.etype.clone(),
                       self.partition.clone(), self.offset.clone(), self.now_ms.into_pyobject(py)?.into_any(),
-                      PyString::new(py, note).into_any()];
+                      crate::new_str(py, note).into_any()];
         let Some(direct) = &self.direct else {
             return self.audits.append(slots_dict(py, &AUDIT_KEYS, &AUDIT_SLOTS, &values)?);
         };
@@ -705,11 +705,11 @@ impl<'py> Ctx<'py> {
         if let Some(direct) = &self.direct {
             if let Some((writer, order, name)) = &direct.release {
                 // Encoded now, so the parent's balance as it is now, without the copy a record kept till later needs.
-                let destination = PyString::new(py, destination);
+                let destination = crate::new_str(py, destination);
                 // in RELEASE_SLOTS' order
-                let values = [PyString::new(py, &key).into_any(), parent_id.clone(), child_id, attempt_id, dimension.clone(),
+                let values = [crate::new_str(py, &key).into_any(), parent_id.clone(), child_id, attempt_id, dimension.clone(),
                               quantity.into_pyobject(py)?.into_any(), destination.clone().into_any(),
-                              PyString::new(py, reason).into_any(), self.key.clone(), self.event_id.clone(),
+                              crate::new_str(py, reason).into_any(), self.key.clone(), self.event_id.clone(),
                               balance.into_any(), self.partition.clone(), self.offset.clone(),
                               self.now_ms.into_pyobject(py)?.into_any()];
                 let mut buffer = Vec::with_capacity(256);
@@ -905,7 +905,7 @@ impl<'py> Ctx<'py> {
         let kind = match kind {
             TIMER_CHILD_LEASE => intern!(py, "child_lease").clone(),
             TIMER_PARENT_RETENTION => intern!(py, "parent_retention").clone(),
-            _ => PyString::new(py, kind),
+            _ => crate::new_str(py, kind),
         };
         let deadline = deadline_ms.into_pyobject(py)?;
         let timer = pyo3::types::PyTuple::new(py, [deadline.as_any(), kind.as_any(), parent.as_any(), child.as_any()])?;
@@ -2048,7 +2048,7 @@ impl FoldCore {
             Some(child_id) => child_id,
             None => py.None().into_bound(py),
         };
-        let detail = if detail.is_empty() { intern!(py, "").clone() } else { PyString::new(py, &detail) };
+        let detail = if detail.is_empty() { intern!(py, "").clone() } else { crate::new_str(py, &detail) };
         let code = code_name(py, code);
         // in RESULT_SLOTS' order
         let values = [ctx.event_id.clone(), ctx.key.clone(), parent_id.clone(), child_id, etype.clone(),

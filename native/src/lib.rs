@@ -86,6 +86,34 @@ fn build(plan: &Bound<'_, PyAny>) -> PyResult<Node> {
     })
 }
 
+// ---- strings ------------------------------------------------------------------------------------------------
+
+/// The str of `text`, as `PyString::new` makes it, without CPython decoding again what is ASCII already: where it
+/// is, a compact ASCII str of its length (`PyUnicode_New`, the object `PyUnicode_FromStringAndSize` makes of ASCII
+/// bytes) with the bytes copied in. Most of the records' strings are ids and names, all ASCII.
+pub(crate) fn new_str<'py>(py: Python<'py>, text: &str) -> Bound<'py, PyString> {
+    if text.is_ascii() {
+        ascii_str(py, text.as_bytes())
+    } else {
+        PyString::new(py, text)
+    }
+}
+
+/// `data`, which is ASCII, as a str (new_str).
+fn ascii_str<'py>(py: Python<'py>, data: &[u8]) -> Bound<'py, PyString> {
+    debug_assert!(data.is_ascii());
+    // SAFETY: PyUnicode_New(n, 127) gives a new compact ASCII str of n one-byte characters, its terminating NUL
+    // written, or NULL with an exception set (from_owned_ptr then panics, as PyString::new does); its data holds
+    // n bytes, and ASCII bytes are valid characters of that kind. Nothing else holds it before the copy.
+    unsafe {
+        let object = pyo3::ffi::PyUnicode_New(data.len() as pyo3::ffi::Py_ssize_t, 127);
+        if !object.is_null() {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), pyo3::ffi::PyUnicode_1BYTE_DATA(object), data.len());
+        }
+        Bound::from_owned_ptr(py, object).downcast_into_unchecked()
+    }
+}
+
 // ---- writing ------------------------------------------------------------------------------------------------
 
 /// Anything a writer does not take: the caller raises NotPlain.
@@ -370,6 +398,9 @@ impl<'a> Reader<'a> {
 
     fn string<'py>(&mut self, py: Python<'py>) -> Result<Bound<'py, PyString>, ReadError> {
         let data = self.slice()?;
+        if data.is_ascii() {
+            return Ok(ascii_str(py, data));
+        }
         let text = std::str::from_utf8(data).map_err(|_| ReadError::NotPlain)?;
         Ok(PyString::new(py, text))
     }

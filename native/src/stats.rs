@@ -10,7 +10,7 @@
 //!   and every count stay those of the Python loop.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PySet, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PySet, PyTuple};
 
 /// The header of a single-object record: the marker (2 bytes) and the writer schema's fingerprint (8).
 const HEADER: usize = 10;
@@ -32,7 +32,7 @@ impl<'py> Names<'py> {
     fn name(&self, py: Python<'py>, raw: &[u8]) -> Option<Bound<'py, PyAny>> {
         match self.0.iter().find(|(known, _)| known == raw) {
             Some((_, name)) => Some(name.clone()),
-            None => std::str::from_utf8(raw).ok().map(|text| PyString::new(py, text).into_any()),
+            None => std::str::from_utf8(raw).ok().map(|text| crate::new_str(py, text).into_any()),
         }
     }
 }

@@ -149,6 +149,24 @@ def test_any_valid_record_encodes_and_decodes_alike(compiled, python, data):
     assert decode_outcome(compiled, encoded) == decode_outcome(python, encoded)
 
 
+@pytest.mark.parametrize("text", ["", "a", "parent-000042", "x" * 300, "\x7f", "é", "ça-42", "\u4e2d\u6587", "\U0001f600"])
+def test_a_read_string_is_the_str_cpython_makes_of_it(compiled, python, text):
+    """The compiled reader makes ASCII strings itself (PyUnicode_New and a copy, not CPython's decoding): the same
+    value, exact type, ASCII-ness, layout (its size) and hash as the str the generated reader makes, also as a map's
+    key, and usable as a dict key for the other."""
+    schema = python.version("UsageReported").parsed
+    record = {**sample(schema, schema["__named_schemas"]), "parent_id": text, "usage": {text: 1}}
+    encoded = python.encode("UsageReported", record)
+    got, want = compiled.decode(encoded)[1], python.decode(encoded)[1]
+    assert got == want
+    for made, reference in ((got["parent_id"], want["parent_id"]), (next(iter(got["usage"])), text)):
+        assert type(made) is str and made == reference == text
+        assert made.isascii() == text.isascii()
+        assert sys.getsizeof(made) == sys.getsizeof(reference)
+        assert hash(made) == hash(text) and {text: 1}[made] == 1
+        assert made.encode() == text.encode() and made + "!" == text + "!"
+
+
 # Values that are not plain: exact types only, so a writer gives each to fastavro (or refuses it) alike.
 class Label(str):
     pass
