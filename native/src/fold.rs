@@ -707,8 +707,8 @@ impl<'py> Ctx<'py> {
                 // Encoded now, so the parent's balance as it is now, without the copy a record kept till later needs.
                 let destination = crate::new_str(py, destination);
                 // in RELEASE_SLOTS' order
-                let values = [crate::new_str(py, &key).into_any(), parent_id.clone(), child_id, attempt_id, dimension.clone(),
-                              quantity.into_pyobject(py)?.into_any(), destination.clone().into_any(),
+                let values = [crate::new_str(py, &key).into_any(), parent_id.clone(), child_id, attempt_id,
+                              dimension.clone(), quantity.into_pyobject(py)?.into_any(), destination.clone().into_any(),
                               crate::new_str(py, reason).into_any(), self.key.clone(), self.event_id.clone(),
                               balance.into_any(), self.partition.clone(), self.offset.clone(),
                               self.now_ms.into_pyobject(py)?.into_any()];

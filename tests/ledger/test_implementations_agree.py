@@ -149,7 +149,8 @@ def test_any_valid_record_encodes_and_decodes_alike(compiled, python, data):
     assert decode_outcome(compiled, encoded) == decode_outcome(python, encoded)
 
 
-@pytest.mark.parametrize("text", ["", "a", "parent-000042", "x" * 300, "\x7f", "é", "ça-42", "\u4e2d\u6587", "\U0001f600"])
+@pytest.mark.parametrize("text", ["", "a", "parent-000042", "x" * 300, "\x7f", "é", "ça-42", "\u4e2d\u6587",
+                                  "\U0001f600"])
 def test_a_read_string_is_the_str_cpython_makes_of_it(compiled, python, text):
     """The compiled reader makes ASCII strings itself (PyUnicode_New and a copy, not CPython's decoding): the same
     value, exact type, ASCII-ness, layout (its size) and hash as the str the generated reader makes, also as a map's
