@@ -11,8 +11,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-use crate::fold::{Applied, FoldCore};
-use crate::outputs::{OutLists, OutputEncoder};
+use crate::fold::{Applied, FoldCore, Release};
+use crate::outputs::{add_released, OutLists, OutputEncoder};
 use crate::Decoder;
 
 /// The loop stopped at a message the Python loop takes itself (or at the end of the batch).
@@ -178,14 +178,9 @@ impl MessageFolder {
                     records.append((direct.results_topic.bind(py), key, value))?;
                     if let Some(route) = &direct.releases {
                         // the second route's, then what the encoder writes of the others (as OutputEncoder.buffer)
-                        for release in releases {
-                            records.append((route.topic.bind(py), release.record.0, release.record.1))?;
-                            let total = (release.dimension, release.destination);
-                            let before = match released.get_item(&total)? {
-                                Some(before) => before,
-                                None => 0i64.into_pyobject(py)?.into_any(),
-                            };
-                            released.set_item(total, before.add(release.quantity)?)?;
+                        for Release { record: (key, value), dimension, destination, quantity } in releases {
+                            records.append((route.topic.bind(py), key, value))?;
+                            add_released(released, dimension, destination.into_any(), quantity)?;
                         }
                     }
                     (code.into_any(), audits)

@@ -630,7 +630,7 @@ pub(crate) struct Release<'py> {
     pub(crate) record: Written<'py>,
     pub(crate) dimension: Bound<'py, PyAny>,
     pub(crate) destination: Bound<'py, PyString>,
-    pub(crate) quantity: i64,
+    pub(crate) quantity: Bound<'py, PyAny>,
 }
 
 /// A record written: (key, value).
@@ -702,45 +702,29 @@ impl<'py> Ctx<'py> {
         };
         let key = release_key(&parent_id, &self.key, &child_id, dimension, destination)?;
         let balance = sub_dict(&sub_dict(parent, intern!(py, "dimensions"))?, dimension.downcast()?)?;
-        if let Some(direct) = &self.direct {
-            if let Some((writer, order, name)) = &direct.release {
-                // Encoded now, so the parent's balance as it is now, without the copy a record kept till later needs.
-                let destination = crate::new_str(py, destination);
-                // in RELEASE_SLOTS' order
-                let values = [crate::new_str(py, &key).into_any(), parent_id.clone(), child_id, attempt_id,
-                              dimension.clone(), quantity.into_pyobject(py)?.into_any(), destination.clone().into_any(),
-                              crate::new_str(py, reason).into_any(), self.key.clone(), self.event_id.clone(),
-                              balance.into_any(), self.partition.clone(), self.offset.clone(),
-                              self.now_ms.into_pyobject(py)?.into_any()];
-                let mut buffer = Vec::with_capacity(256);
-                let value = match writer.get().encode_slots(py, order, &values, &mut buffer) {
-                    Ok(bytes) => bytes.into_any(),
-                    Err(crate::NotPlain) => {
-                        direct.encode.call1((name, slots_dict(py, &RELEASE_KEYS, &RELEASE_SLOTS, &values)?))?
-                    }
-                };
-                direct.releases.borrow_mut().push(Release {
-                    record: (output_key(&parent_id)?, value), dimension: dimension.clone(), destination, quantity,
-                });
-                return Ok(());
+        let written = self.direct.as_ref().and_then(|direct| Some((direct, direct.release.as_ref()?)));
+        // Encoded now, the parent's balance as it is now; a record kept till the encoder's turn keeps a copy.
+        let balance = if written.is_some() { balance } else { balance.copy()? };
+        let (destination, quantity) = (crate::new_str(py, destination), quantity.into_pyobject(py)?.into_any());
+        // in RELEASE_SLOTS' order
+        let values = [crate::new_str(py, &key).into_any(), parent_id.clone(), child_id, attempt_id, dimension.clone(),
+                      quantity.clone(), destination.clone().into_any(), crate::new_str(py, reason).into_any(),
+                      self.key.clone(), self.event_id.clone(), balance.into_any(), self.partition.clone(),
+                      self.offset.clone(), self.now_ms.into_pyobject(py)?.into_any()];
+        let Some((direct, (writer, order, name))) = written else {
+            return self.releases.append(slots_dict(py, &RELEASE_KEYS, &RELEASE_SLOTS, &values)?);
+        };
+        let mut buffer = Vec::with_capacity(256);
+        let value = match writer.get().encode_slots(py, order, &values, &mut buffer) {
+            Ok(bytes) => bytes.into_any(),
+            Err(crate::NotPlain) => {
+                direct.encode.call1((name, slots_dict(py, &RELEASE_KEYS, &RELEASE_SLOTS, &values)?))?
             }
-        }
-        let record = presized(py, 14)?;
-        record.set_item(intern!(py, "release_key"), key)?;
-        record.set_item(intern!(py, "parent_id"), &parent_id)?;
-        record.set_item(intern!(py, "child_id"), &child_id)?;
-        record.set_item(intern!(py, "attempt_id"), attempt_id)?;
-        record.set_item(intern!(py, "dimension"), dimension)?;
-        record.set_item(intern!(py, "quantity"), quantity)?;
-        record.set_item(intern!(py, "destination"), destination)?;
-        record.set_item(intern!(py, "reason"), reason)?;
-        record.set_item(intern!(py, "idempotency_key"), &self.key)?;
-        record.set_item(intern!(py, "triggering_event_id"), &self.event_id)?;
-        record.set_item(intern!(py, "balance"), balance.copy()?)?;
-        record.set_item(intern!(py, "input_partition"), &self.partition)?;
-        record.set_item(intern!(py, "input_offset"), &self.offset)?;
-        record.set_item(intern!(py, "ledger_time_ms"), self.now_ms)?;
-        self.releases.append(record)
+        };
+        direct.releases.borrow_mut().push(Release {
+            record: (output_key(&parent_id)?, value), dimension: dimension.clone(), destination, quantity,
+        });
+        Ok(())
     }
 
     // -- the view ---------------------------------------------------------------------------------------------

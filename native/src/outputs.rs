@@ -145,14 +145,9 @@ impl OutputEncoder {
             }
             if route.attr.bind(py).to_str()? == "releases" {
                 for release in list.iter() {
-                    let key = (release.get_item(intern!(py, "dimension"))?,
-                               release.get_item(intern!(py, "destination"))?);
-                    let quantity = release.get_item(intern!(py, "quantity"))?;
-                    let total = match released.get_item(&key)? {
-                        Some(before) => before.add(quantity)?,
-                        None => quantity,
-                    };
-                    released.set_item(key, total)?;
+                    add_released(released, release.get_item(intern!(py, "dimension"))?,
+                                 release.get_item(intern!(py, "destination"))?,
+                                 release.get_item(intern!(py, "quantity"))?)?;
                 }
             }
         }
@@ -162,6 +157,17 @@ impl OutputEncoder {
         }
         Ok(())
     }
+}
+
+/// A release's quantity added to `released` under (dimension, destination).
+pub(crate) fn add_released<'py>(released: &Bound<'py, PyDict>, dimension: Bound<'py, PyAny>,
+                                destination: Bound<'py, PyAny>, quantity: Bound<'py, PyAny>) -> PyResult<()> {
+    let key = (dimension, destination);
+    let total = match released.get_item(&key)? {
+        Some(before) => before.add(quantity)?,
+        None => quantity,
+    };
+    released.set_item(key, total)
 }
 
 impl OutputEncoder {
