@@ -40,6 +40,14 @@ def produce_file(kafka_topics, path: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=REPO, timeout=300)
 
 
+def publish_garbage(kafka_topics) -> None:
+    """The undecodable records (GARBAGE) onto the input topic."""
+    producer = Producer({"bootstrap.servers": kafka_topics.bootstrap_servers})
+    for i, raw in enumerate(GARBAGE):
+        producer.produce(kafka_topics.name("branch-events"), value=raw, key=f"garbage-{i}".encode())
+    assert producer.flush(30) == 0
+
+
 def produce_workload(kafka_topics, tmp_path: Path, events: int, seed: int) -> int:
     """Publish a seeded workload (5% duplicate deliveries) plus undecodable records; return how many input
     records the processors will fold into results."""
@@ -48,10 +56,7 @@ def produce_workload(kafka_topics, tmp_path: Path, events: int, seed: int) -> in
     run = produce_file(kafka_topics, path)
     assert run.returncode in (0, 1), run.stderr  # 1: the workload's malformed lines were refused, as they must be
     assert "published" in run.stdout
-    producer = Producer({"bootstrap.servers": kafka_topics.bootstrap_servers})
-    for i, raw in enumerate(GARBAGE):
-        producer.produce(kafka_topics.name("branch-events"), value=raw, key=f"garbage-{i}".encode())
-    assert producer.flush(30) == 0
+    publish_garbage(kafka_topics)
     total = count_records(kafka_topics.bootstrap_servers, kafka_topics.name("branch-events"))
     return total - len(GARBAGE)
 
@@ -192,10 +197,7 @@ class PacedPublisher(threading.Thread):
                 self.producer.flush()
                 self.sent = min(start + step, len(self.events))
                 time.sleep(max(0.0, began + self.sent / self.rate - time.monotonic()))
-            garbage = Producer({"bootstrap.servers": self.kafka_topics.bootstrap_servers})
-            for i, raw in enumerate(GARBAGE):
-                garbage.produce(self.kafka_topics.name("branch-events"), value=raw, key=f"garbage-{i}".encode())
-            assert garbage.flush(30) == 0
+            publish_garbage(self.kafka_topics)
         except BaseException as exc:  # the test reads it when it joins
             self.error = exc
 
