@@ -21,8 +21,7 @@ def admin(shared_bootstrap: str) -> AdminClient:
 
 
 @pytest.fixture
-def topic(shared_bootstrap: str):
-    admin = AdminClient({"bootstrap.servers": shared_bootstrap, "log_level": 0})
+def topic(admin: AdminClient):
     name = f"t.verify-settle.{uuid.uuid4().hex[:8]}"
     admin.create_topics([NewTopic(name, 2, 1)])[name].result(30)
     yield name
@@ -50,6 +49,11 @@ def test_the_reads_wait_for_an_open_transaction_and_name_it(shared_bootstrap: st
     producer.begin_transaction()
     producer.produce(topic, b"committed", partition=0)
     producer.commit_transaction(30)
+    # The commit returns once the coordinator has logged it; its markers follow (slowly on a broker just started),
+    # and until then the partition's last stable offset is behind.
+    deadline = time.monotonic() + 30
+    while open_transactions(admin, [topic]) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert open_transactions(admin, [topic]) == {}
     assert waited_for(settle(shared_bootstrap, [topic], timeout_s=30)) is None
     _hold_open(producer, topic, 1)
