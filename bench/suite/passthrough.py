@@ -12,7 +12,7 @@ send the offsets with the group metadata, commit. No decode, no fold, no store.
 `build_plan` writes the plan from the processor's committed outputs. With `--echo`, the latency ceiling:
 each input record itself goes to `settlement-results` in place of the processor's result (a reader matches
 it by event_id like a result), the other outputs as above, input offsets beyond the plan wrapping around.
-Each checkpoint is logged like the processor's (DEBUG "checkpoint committed: ... ms").
+Each checkpoint is logged like the processor's (DEBUG "checkpoint committed: ... ms (its steps)").
 
 `--schedule end` (default) is `settle run`'s loop: a checkpoint is due commit_interval_ms after the end of
 the previous one, and each consume call may wait up to 50 ms for a full batch. `--schedule start` is a
@@ -136,15 +136,21 @@ class PassThrough:
                     break
                 except BufferError:
                     self.producer.poll(0.05)
+        produced = time.monotonic()
         self.producer.flush(30)
+        flushed = time.monotonic()
         offsets = [TopicPartition(self.input_topic, p, offset) for p, offset in sorted(self.positions.items())]
         self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), 30)
+        offsets_sent = time.monotonic()
         self.producer.commit_transaction(30)
         self.buffer.clear()
         self.events = 0
         ended = time.monotonic()
         self.last_checkpoint = started if self.fixed_period else ended
-        log.debug("checkpoint committed: %d events, %d records, %.1f ms", events, records, (ended - started) * 1000)
+        # the processor's line (processors/kafka/processor.py), its steps in this checkpoint's order
+        log.debug("checkpoint committed: %d events, %d records, %.1f ms (produce %.1f, flush %.1f, offsets %.1f, "
+                  "commit %.1f)", events, records, (ended - started) * 1000, (produced - started) * 1000,
+                  (flushed - produced) * 1000, (offsets_sent - flushed) * 1000, (ended - offsets_sent) * 1000)
 
 
 def main(argv: list[str] | None = None) -> int:
