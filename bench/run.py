@@ -1,7 +1,7 @@
 """The benchmark suite of `settle run` against the local broker. Not a test: it measures and
 reports; it asserts nothing.
 
-    .venv/bin/python bench/run.py            # full run (make bench), about 20 minutes
+    .venv/bin/python bench/run.py            # full run (make bench), about 13 minutes here
     .venv/bin/python bench/run.py --quick    # the same measurements, smaller (make bench-quick), < 5 minutes
 
 Everything is measured in one run, side by side, each figure next to its ceiling, because the machine is
@@ -56,7 +56,9 @@ RSS_FLAT_MB_PER_100K_CHILDREN = 10.0
 class Settings:
     mode: str
     seed: int = 7
-    events: int = 200_000  # generator events of the throughput / replay workload
+    # generator events of the throughput / replay workload: a million, so that each round lasts 15-25 s and
+    # one stalled transaction (100-300 ms, either side) moves it by 1-2%, not 5-10% (docs/decisions.md, 36)
+    events: int = 1_000_000
     children: int = 1_000_000  # children in the ledger for the memory test
     on_top_events: int = 20_000  # realistic events folded over the large ledger, per phase
     latency_seconds: float = 30.0  # per load level
