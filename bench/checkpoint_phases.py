@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.suite import backlog, throughput  # noqa: E402
+from bench.suite import backlog, report, throughput  # noqa: E402
 from bench.suite.env import Env  # noqa: E402
 from bench.suite.procs import Procs  # noqa: E402
 from branch_settlement.processors.kafka.connection import DEFAULT_BOOTSTRAP_SERVERS  # noqa: E402
@@ -64,12 +64,11 @@ def main() -> int:
         procs.stop_all()
         env.delete_all()
     for name, run, log in runs:
-        report(name, run, log)
+        print_steps(name, run, log)
     if len(runs) == 2:
         (_, p, _), (_, c, _) = runs
-        rate = p.throughput.records / p.throughput.seconds / (c.throughput.records / c.throughput.seconds)
-        print(f"\nprocessor / ceiling: {rate:.2f} of its throughput, "
-              f"{(p.cpu_us_per_record or 0) / (c.cpu_us_per_record or 1):.2f}x its CPU per input record")
+        print(f"\nprocessor / ceiling: {report.ratio(p.throughput.events_per_s, c.throughput.events_per_s)} of its "
+              f"throughput, {report.ratio(p.cpu_us_per_record, c.cpu_us_per_record)}x its CPU per input record")
     if args.keep_log:
         print(f"the logs are kept in {work_dir}")
     else:
@@ -81,7 +80,7 @@ def _log(work_dir: Path, prefix: str) -> str:
     return (work_dir / next(p.name for p in work_dir.iterdir() if p.name.startswith(prefix))).read_text()
 
 
-def report(name: str, run, log: str) -> None:
+def print_steps(name: str, run, log: str) -> None:
     wall_s = run.throughput.seconds
     totals: dict[str, float] = {}
     longest: dict[str, float] = {}

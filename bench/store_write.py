@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import branch_settlement.projections.store as store_module  # noqa: E402
+from branch_settlement.projections import keys  # noqa: E402
 from branch_settlement.schemas import native  # noqa: E402
 
 NEW_SHARE = 0.6
@@ -85,7 +86,7 @@ def main() -> int:
                 started = time.perf_counter()
                 batch = WriteBatch(raw_mode=True)
                 fill(batch, store_changes)
-                batch.put(b"\x00offset", b"%d" % n)
+                batch.put(keys.CHANGELOG_OFFSET_KEY, store_module._encode_offset(n))  # as RocksStore.write
                 filled = time.perf_counter()
                 store._db.write(batch)
                 filling += filled - started
