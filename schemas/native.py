@@ -23,7 +23,7 @@ CHOICES = (AUTO, COMPILED, PYTHON)
 # The interface native/src/ offers this package (the plan format codegen._plan and event_json.sorted_json_plan
 # build, the fold's FoldCore, the processor's MessageFolder and the functions it calls by name): a module built
 # from other sources is stale.
-PLAN_VERSION = 4
+PLAN_VERSION = 5
 
 
 @cache

@@ -2009,7 +2009,7 @@ impl FoldCore {
             }),
         };
         let mut once = self.apply_once(&mut ctx, &parent_id);
-        if matches!(once, Ok(_)) {
+        if once.is_ok() {
             if let Err(err) = ctx.cache_absent_key() {
                 once = Err(Fail::Py(err));
             }

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from branch_settlement.processors.kafka import faults
+from branch_settlement.processors.kafka import direct_produce, faults
 from branch_settlement.processors.kafka.errors import KafkaFailure
 from branch_settlement.processors.kafka.partition import INPUT_POSITION_KEY, PartitionTask
 from branch_settlement.processors.ledger.outputs import OUTPUT_TOPICS
@@ -146,7 +146,8 @@ def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[i
         last_change = len(task_changes) - 1
         if produce_records is not None:  # the same calls, from native/src/produce.rs
             reported = None if report_every_record else [last_change] if task_changes else []
-            failed = produce_records(producer, task_changes, p, reported, on_delivery, topic=changelog)
+            failed = produce_records(producer, task_changes, p, reported, on_delivery, topic=changelog,
+                                     direct=direct_produce.direct(producer))
             if failed is not None:
                 n, exc = failed
                 _refused(task, exc, changelog, p, task_changes[n][1])
@@ -168,7 +169,7 @@ def _produce_outputs(producer: Producer, task: PartitionTask, records: list, top
     produce_records = native.compiled_function("produce_records")  # native/src/produce.rs
     if produce_records is not None:  # the same calls, from native/src/produce.rs (which finds the last ones)
         failed = produce_records(producer, records, p, None, on_delivery, topics=topics,
-                                 last_of_each_topic=not report_every_record)
+                                 last_of_each_topic=not report_every_record, direct=direct_produce.direct(producer))
         if failed is not None:
             n, exc = failed
             _refused(task, exc, topics[records[n][0]], p, records[n][2])
