@@ -231,7 +231,6 @@ fn producer_handle(lib: &Librdkafka, producer: &Bound<'_, PyAny>) -> Option<*mut
     ours.then_some(rk)
 }
 
-/// Hand one record to librdkafka: the error code (0: queued).
 /// Hand one record to librdkafka: the error code (0: queued), or None for a key or a value that is neither bytes nor
 /// None (`produce` takes text too, and says what it takes).
 fn produce_direct(lib: &Librdkafka, rk: *mut c_void, topic: &CString, partition: i32, key: &Bound<'_, PyAny>,

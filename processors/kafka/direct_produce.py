@@ -12,8 +12,9 @@ a full queue, still go through `produce`, which raises what it always raised.
 The direct path is taken only where it can be exact: the compiled implementation is selected, the producer is
 confluent-kafka's own `Producer` (not a subclass or a simulation), and the librdkafka that confluent-kafka loaded
 is found among the process's mapped libraries (Linux) and exports the functions used. The compiled code also checks,
-at every call, that the producer's handle is a live producer whose queue is the one `len(producer)` counts.
-`settle --implementation python` turns it off with the rest of the compiled code.
+at every call, that the handle it reads from the producer is a producer handle whose opaque is that very producer
+(confluent-kafka gives each handle its object as the opaque its callbacks get). `settle --implementation python`
+turns it off with the rest of the compiled code.
 """
 
 from __future__ import annotations
