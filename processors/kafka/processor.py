@@ -22,7 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from branch_settlement.processors import gc_tuning
-from branch_settlement.processors.kafka import rebalance
+from branch_settlement.processors.kafka import direct_produce, rebalance
 from branch_settlement.processors.kafka.assignment import committed_offsets, input_partition_count, load_tasks
 from branch_settlement.processors.kafka.checkpoint import Transaction, commit_checkpoint, produce_folded
 from branch_settlement.processors.kafka.config import ProcessorConfig
@@ -155,8 +155,10 @@ class Processor:
             self.metrics.serve(self.config.metrics_port)
         self.producer = self._new_producer()
         self._subscribe()
-        log.info("processor running: group %s, input %s, implementation %s", self.config.group_id,
-                 self.topics["branch-events"], native.describe(self.codec.implementation))
+        log.info("processor running: group %s, input %s, implementation %s%s", self.config.group_id,
+                 self.topics["branch-events"], native.describe(self.codec.implementation),
+                 "; records without a delivery report go to librdkafka directly"
+                 if direct_produce.direct(self.producer) else "")
         try:
             while not should_stop():
                 self.step()

@@ -171,3 +171,17 @@ def test_records_produced_directly_are_the_records_produce_makes_in_a_committed_
     assert set(by_partition[1]) == used
     for topic, offset in by_partition[1].items():
         assert offset == _read(kafka_topics.bootstrap_servers, topic, 1)[-1][2]
+
+
+@pytest.mark.unit
+@needs_compiled
+def test_the_producer_settle_run_makes_takes_the_direct_path(monkeypatch) -> None:
+    """`settle run`'s transactional producer (processor_clients.producer_settings, not yet initialised: no broker
+    needed) is confluent-kafka's own Producer with its librdkafka found: the direct path is taken, as the startup
+    log says."""
+    from branch_settlement.processors.kafka.config import ProcessorConfig
+    from branch_settlement.processors.kafka.processor_clients import producer_settings
+
+    monkeypatch.setenv(native.ENV, native.COMPILED)
+    config = ProcessorConfig(bootstrap_servers="127.0.0.1:1")
+    assert direct_produce.direct(Producer({**producer_settings(config), "log_level": 0}))
