@@ -5,11 +5,10 @@ empty keys included, on a real broker), and that a record librdkafka refuses, or
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer
 
+from branch_settlement.processors.crosscheck.readers import read_committed
 from branch_settlement.processors.kafka import checkpoint, direct_produce
 from branch_settlement.processors.kafka.partition import PartitionTask
 from branch_settlement.projections.store import MemoryStore
@@ -101,22 +100,9 @@ def test_a_full_queue_is_polled_and_the_same_record_handed_over_again(monkeypatc
 
 
 def _read(bootstrap_servers: str, topic: str, partition: int) -> list[tuple]:
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"probe-{uuid.uuid4().hex}",
-                         "isolation.level": "read_committed", "enable.partition.eof": True,
-                         "enable.auto.commit": False, "log_level": 0})
-    consumer.assign([TopicPartition(topic, partition, 0)])
-    read = []
-    try:
-        while True:
-            message = consumer.poll(TIMEOUT_S)
-            assert message is not None, f"no end of partition within {TIMEOUT_S}s; read so far: {len(read)}"
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    return read
-                raise KafkaException(message.error())
-            read.append((message.key(), message.value(), message.offset()))
-    finally:
-        consumer.close()
+    """The partition's committed records, (key, value, offset)."""
+    records = read_committed({"bootstrap.servers": bootstrap_servers, "log_level": 0}, topic, [partition])
+    return [(key, value, offset) for offset, key, value in records[partition]]
 
 
 @pytest.mark.kafka
