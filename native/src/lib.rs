@@ -775,6 +775,7 @@ fn branch_settlement_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<batch::MessageFolder>()?;
     m.add_function(wrap_pyfunction!(produce::produce_records, m)?)?;
     m.add_function(wrap_pyfunction!(produce::direct_produce_open, m)?)?;
+    m.add_function(wrap_pyfunction!(produce::direct_produce_count, m)?)?;
     m.add_function(wrap_pyfunction!(store::fill_batch, m)?)?;
     m.add_function(wrap_pyfunction!(stats::apply_ledger_changes, m)?)?;
     m.add_function(wrap_pyfunction!(stats::count_audits, m)?)?;

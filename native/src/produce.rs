@@ -187,6 +187,15 @@ unsafe impl Sync for Librdkafka {}
 
 static LIBRDKAFKA: OnceLock<Option<Librdkafka>> = OnceLock::new();
 
+/// Records handed to librdkafka directly since the process started (what the tests check the path by).
+static DIRECT_RECORDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many records this process handed to librdkafka directly.
+#[pyfunction]
+pub fn direct_produce_count() -> u64 {
+    DIRECT_RECORDS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 fn symbol(handle: *mut c_void, name: &str) -> Option<*mut c_void> {
     let name = CString::new(name).ok()?;
     let found = unsafe { dlsym(handle, name.as_ptr()) };
@@ -255,6 +264,7 @@ fn produce_direct(lib: &Librdkafka, rk: *mut c_void, topic: &CString, partition:
     // The key and the value are copied before this returns (RD_KAFKA_MSG_F_COPY), while the records hold them.
     let error = unsafe { (lib.produceva)(rk, vus.as_ptr(), vus.len()) };
     if error.is_null() {
+        DIRECT_RECORDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         return Ok(Some(0));
     }
     let code = unsafe { (lib.error_code)(error) };

@@ -5,8 +5,10 @@ empty keys included, on a real broker), and that a record librdkafka refuses, or
 
 from __future__ import annotations
 
+import time
+
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from branch_settlement.processors.crosscheck.readers import read_committed
 from branch_settlement.processors.kafka import checkpoint, direct_produce
@@ -68,6 +70,7 @@ def test_a_record_librdkafka_refuses_directly_is_refused_by_produce_with_the_sam
     produce_records = native.compiled_function("produce_records")
     topics = {"settlement-results": "t.r", "capacity-releases": "t.c", "settlement-audit": "t.a", "ledger-ticks": "t.t"}
     records = _records(6) + [("settlement-audit", b"big", b"x" * 5_000)] + _records(3)
+    before = native.module().direct_produce_count()
     failed = produce_records(producer, records, 3, [len(records) - 1], lambda err, msg: None, topics=topics,
                              direct=direct)
     assert failed is not None
@@ -75,6 +78,8 @@ def test_a_record_librdkafka_refuses_directly_is_refused_by_produce_with_the_sam
     assert index == 6
     assert isinstance(error, KafkaException) and error.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
     assert "Unable to produce message" in str(error)  # raised by `produce`, as without the direct path
+    # the six before it went to librdkafka directly on the direct path, none otherwise
+    assert native.module().direct_produce_count() - before == (6 if direct else 0)
 
 
 @pytest.mark.unit
@@ -100,9 +105,21 @@ def test_a_full_queue_is_polled_and_the_same_record_handed_over_again(monkeypatc
 
 
 def _read(bootstrap_servers: str, topic: str, partition: int) -> list[tuple]:
-    """The partition's committed records, (key, value, offset)."""
-    records = read_committed({"bootstrap.servers": bootstrap_servers, "log_level": 0}, topic, [partition])
-    return [(key, value, offset) for offset, key, value in records[partition]]
+    """The partition's committed records, (key, value, offset): read again until its last record is readable (the
+    commit returns before the broker has written every partition's transaction marker)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        records = read_committed({"bootstrap.servers": bootstrap_servers, "log_level": 0}, topic, [partition])
+        read = [(key, value, offset) for offset, key, value in records[partition]]
+        ends = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "probe", "log_level": 0})
+        try:
+            high = ends.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
+        finally:
+            ends.close()
+        # the last offset is the commit marker's: the last record is just before it
+        if (read and read[-1][2] == high - 2) or time.monotonic() > deadline:
+            return read
+        time.sleep(0.1)
 
 
 @pytest.mark.kafka
@@ -130,11 +147,14 @@ def test_records_produced_directly_are_the_records_produce_makes_in_a_committed_
         built.append(task)
     reports = []
     producer.begin_transaction()
+    before = native.module().direct_produce_count()
     checkpoint._produce_all(producer, built[:1], changes, topics, lambda err, msg: reports.append(
         (err, msg.topic(), msg.partition(), msg.offset())))
+    direct_count = native.module().direct_produce_count() - before
     monkeypatch.setenv(native.ENV, native.PYTHON)
     checkpoint._produce_all(producer, built[1:], changes, topics, lambda err, msg: reports.append(
         (err, msg.topic(), msg.partition(), msg.offset())))
+    assert native.module().direct_produce_count() - before == direct_count  # the Python loop: none directly
     assert producer.flush(TIMEOUT_S) == 0
     producer.commit_transaction(TIMEOUT_S)
 
@@ -155,6 +175,8 @@ def test_records_produced_directly_are_the_records_produce_makes_in_a_committed_
         by_partition.setdefault(partition, {})[topic] = offset
     assert by_partition[1] == by_partition[2]
     assert set(by_partition[1]) == used
+    # every record of partition 1 went to librdkafka directly but the last of each topic (its delivery report)
+    assert direct_count == len(built[0].records) + len(changes[1]) - len(used)
     for topic, offset in by_partition[1].items():
         assert offset == _read(kafka_topics.bootstrap_servers, topic, 1)[-1][2]
 
