@@ -111,6 +111,7 @@ def produce_folded(transaction: Transaction, tasks: list[PartitionTask], topics:
     """Produce what `tasks` folded since their records were last produced, into `transaction` (begun here if it
     was not), with a delivery report for the last record of each topic. A record refused raises, as in a
     checkpoint; the caller spoils the transaction."""
+    calls = _produce_calls(transaction.producer)
     for task in tasks:
         start = task.produced
         if start == len(task.records):
@@ -118,7 +119,8 @@ def produce_folded(transaction: Transaction, tasks: list[PartitionTask], topics:
         transaction.begin()
         transaction.partitions.add(task.partition)
         task.produced = len(task.records)
-        _produce_outputs(transaction.producer, task, task.records[start:], topics, transaction.delivered, False)
+        _produce_outputs(transaction.producer, task, task.records[start:], topics, transaction.delivered, False,
+                         calls)
 
 
 def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[int, list],
@@ -136,18 +138,19 @@ def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[i
     `report_every_record` asks for one per record, so that a record the broker refuses (too large for the
     topic) is told apart from the rest and its partition stopped, instead of the same abort again."""
     changelog = topics["ledger-changelog"]
-    produce_records = native.compiled_function("produce_records")  # native/src/produce.rs
+    calls = _produce_calls(producer)
+    produce_records, direct = calls
     for task in tasks:
         p = task.partition
         records = task.records[task.produced:] if task.produced else task.records
         task.produced = len(task.records)
-        _produce_outputs(producer, task, records, topics, on_delivery, report_every_record)
+        _produce_outputs(producer, task, records, topics, on_delivery, report_every_record, calls)
         task_changes = changes[p]
         last_change = len(task_changes) - 1
         if produce_records is not None:  # the same calls, from native/src/produce.rs
             reported = None if report_every_record else [last_change] if task_changes else []
             failed = produce_records(producer, task_changes, p, reported, on_delivery, topic=changelog,
-                                     direct=direct_produce.direct(producer))
+                                     direct=direct)
             if failed is not None:
                 n, exc = failed
                 _refused(task, exc, changelog, p, task_changes[n][1])
@@ -161,15 +164,22 @@ def _produce_all(producer: Producer, tasks: list[PartitionTask], changes: dict[i
             _refused(task, exc, changelog, p, value)
 
 
+def _produce_calls(producer: Producer) -> tuple:
+    """The compiled produce loop (native/src/produce.rs; None: the Python loop) and whether it may hand records to
+    librdkafka directly (direct_produce.py), looked up once per checkpoint or consumed batch, not per partition."""
+    produce_records = native.compiled_function("produce_records")
+    return produce_records, produce_records is not None and direct_produce.direct(producer)
+
+
 def _produce_outputs(producer: Producer, task: PartitionTask, records: list, topics: dict[str, str], on_delivery,
-                     report_every_record: bool) -> None:
+                     report_every_record: bool, calls: tuple) -> None:
     """Produce `records` (some of `task`'s outputs and ticks, in order), with a delivery report for the last of
-    each topic, or for each with `report_every_record`."""
+    each topic, or for each with `report_every_record`. `calls`: _produce_calls."""
     p = task.partition
-    produce_records = native.compiled_function("produce_records")  # native/src/produce.rs
+    produce_records, direct = calls
     if produce_records is not None:  # the same calls, from native/src/produce.rs (which finds the last ones)
         failed = produce_records(producer, records, p, None, on_delivery, topics=topics,
-                                 last_of_each_topic=not report_every_record, direct=direct_produce.direct(producer))
+                                 last_of_each_topic=not report_every_record, direct=direct)
         if failed is not None:
             n, exc = failed
             _refused(task, exc, topics[records[n][0]], p, records[n][2])
