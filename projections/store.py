@@ -67,6 +67,16 @@ def _shared_memory():
     return _shared["cache"], _shared["write_buffers"]
 
 
+def write_options():
+    """A writable RocksStore's write options: each batch goes into the memtable with the per-batch insert hint (its
+    keys in order, each next to the one before)."""
+    from rocksdict import WriteOptions
+
+    options = WriteOptions()
+    options.memtable_insert_hint_per_batch = True
+    return options
+
+
 class Store(Protocol):
     def get(self, key: bytes) -> bytes | None: ...
 
@@ -121,7 +131,7 @@ class RocksStore:
     """RocksDB through rocksdict, in raw (bytes) mode. One database directory per input partition."""
 
     def __init__(self, path: str | os.PathLike, *, read_only: bool = False) -> None:
-        from rocksdict import AccessType, BlockBasedOptions, Options, Rdict, WriteOptions
+        from rocksdict import AccessType, BlockBasedOptions, Options, Rdict
 
         cache, write_buffers = _shared_memory()
         options = Options(raw_mode=True)
@@ -146,9 +156,7 @@ class RocksStore:
         access = AccessType.read_only() if read_only else AccessType.read_write()
         self._db = Rdict(self.path, options=options, access_type=access)
         if not read_only:
-            write_options = WriteOptions()
-            write_options.memtable_insert_hint_per_batch = True
-            self._db.set_write_options(write_options)
+            self._db.set_write_options(write_options())
         # The fold's reads call RocksDB's own `get` (a miss costs no Python frame): the same as the method below.
         self.get = self._db.get
 
@@ -166,6 +174,11 @@ class RocksStore:
             it.next()
 
     def write(self, changes: Iterable[Change], changelog_offset: int) -> None:
+        self._db.write(self.batch(changes, changelog_offset))
+
+    @staticmethod
+    def batch(changes: Iterable[Change], changelog_offset: int):
+        """The RocksDB batch `write` writes: the changes, then the changelog offset they bring the store up to."""
         from rocksdict import WriteBatch
 
         batch = WriteBatch(raw_mode=True)
@@ -182,7 +195,7 @@ class RocksStore:
                 else:
                     batch.put(key, value)
         batch.put(keys.CHANGELOG_OFFSET_KEY, _encode_offset(changelog_offset))
-        self._db.write(batch)
+        return batch
 
     def changelog_offset(self) -> int:
         return _decode_offset(self._db.get(keys.CHANGELOG_OFFSET_KEY))
